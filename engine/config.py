@@ -1,0 +1,59 @@
+"""Every knob of the compiler, in one place. Change them as attributes:
+`engine.config.cache_size_limit = 16`, or temporarily with `engine.config.patch(...)`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any, Iterator
+
+# capture
+suppress_errors: bool = os.environ.get("TORCHDYNAMO_SUPPRESS_ERRORS", "0") == "1"
+verbose: bool = os.environ.get("TORCHDYNAMO_VERBOSE", "0") == "1"
+debug_function: str | None = os.environ.get("TORCHDYNAMO_DEBUG_FUNCTION") or None
+capture_scalar_outputs: bool = False
+reorderable_logging_functions: set = set()
+
+# guards and recompiles
+cache_size_limit: int = 8
+accumulated_cache_size_limit: int = 256
+
+# dynamic shapes
+automatic_dynamic_shapes: bool = True
+assume_static_by_default: bool = True
+
+# debug output
+debug_dir_root: str = os.environ.get("TORCH_COMPILE_DEBUG_DIR") or os.path.join(os.getcwd(), "torch_compile_debug")
+compile_debug: bool = os.environ.get("TORCH_COMPILE_DEBUG", "0") == "1"
+
+# codegen
+cache_dir: str | None = os.environ.get("ENGINE_CACHE_DIR") or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def snapshot() -> dict[str, Any]:
+    """Every knob and its value (written into traces and debug folders)."""
+    module = sys.modules[__name__]
+    return {
+        k: (sorted(v, key=repr) if isinstance(v, set) else v)
+        for k, v in vars(module).items()
+        if not k.startswith("_") and not callable(v) and not isinstance(v, type(sys))
+        and k not in ("annotations",)
+    }
+
+
+@contextlib.contextmanager
+def patch(**changes: Any) -> Iterator[None]:
+    """`with engine.config.patch(suppress_errors=True): ...`"""
+    module = sys.modules[__name__]
+    for key in changes:
+        if not hasattr(module, key):
+            raise AttributeError(f"engine.config has no knob {key!r}")
+    old = {k: getattr(module, k) for k in changes}
+    for k, v in changes.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)

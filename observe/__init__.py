@@ -1,0 +1,15 @@
+"""observe: the log bus and its sinks (logs, trace, profiler, metrics).
+
+Depends on nothing else in this repository. Importing it reads TORCH_LOGS and
+TORCH_TRACE."""
+
+from .bus import (CompileId, Event, compile_context, current_compile_id, emit, enabled, log, stage,
+                  subscribe, unsubscribe)
+from .logs import set_logs
+from . import logs as _logs, trace as _trace
+
+__all__ = ["CompileId", "Event", "compile_context", "current_compile_id", "emit", "enabled", "log",
+           "stage", "subscribe", "unsubscribe", "set_logs"]
+
+_logs.configure_from_env()
+_trace.configure_from_env()
