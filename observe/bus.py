@@ -81,7 +81,7 @@ def subscribe(fn: Subscriber, events: Optional[list[str]] = None, logs: Optional
 
 def unsubscribe(fn: Subscriber) -> None:
     for key in list(_subscribers):
-        remaining = tuple(s for s in _subscribers[key] if s is not fn)
+        remaining = tuple(s for s in _subscribers[key] if s != fn)
         if remaining:
             _subscribers[key] = remaining
         else:

@@ -72,3 +72,14 @@ def render_markdown() -> str:
     for alias, target in ALIASES.items():
         lines.append(f"| `{alias}` | alias | same as `{target}` |")
     return "\n".join(lines) + "\n"
+
+
+def _write_docs_table(path: str) -> None:
+    """Replace the generated table in docs/logging.md (between the BEGIN/END markers)."""
+    begin, end = "<!-- BEGIN GENERATED TABLE -->\n", "<!-- END GENERATED TABLE -->"
+    text = open(path).read()
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + render_markdown() + end + tail)
+
