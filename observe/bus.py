@@ -64,18 +64,25 @@ Subscriber = Callable[[Event], None]
 # key -> subscribers. Keys are event names, "log:<name>" for a log channel/artifact,
 # and "*" for every event.
 _subscribers: dict[str, tuple[Subscriber, ...]] = {}
+# "log:<name>" -> the lowest level any subscriber of that log wants; lower levels stop in emit.
+_log_levels: dict[str, int] = {}
 _compile_ids: list[CompileId] = []
 _stages: list[str] = []
 
 
-def subscribe(fn: Subscriber, events: Optional[list[str]] = None, logs: Optional[list[str]] = None) -> Subscriber:
+def subscribe(fn: Subscriber, events: Optional[list[str]] = None, logs: Optional[dict[str, int] | list[str]] = None) -> Subscriber:
     """Call `fn(event)` for the named events, for events shown by the named logs, or
-    (with neither) for every event. Returns `fn` so it can be unsubscribed."""
-    keys = [*(events or []), *(f"log:{n}" for n in (logs or []))] or ["*"]
+    (with neither) for every event. `logs` may map each log name to the lowest level
+    wanted, so that lower-level lines stop in `emit`. Returns `fn` for unsubscribe."""
+    wanted = logs if isinstance(logs, dict) else {name: 0 for name in logs or ()}
+    keys = [*(events or []), *(f"log:{n}" for n in wanted)] or ["*"]
     for key in keys:
         current = _subscribers.get(key, ())
         if fn not in current:
             _subscribers[key] = current + (fn,)
+    for name, level in wanted.items():
+        key = f"log:{name}"
+        _log_levels[key] = min(level, _log_levels.get(key, level))
     return fn
 
 
@@ -86,6 +93,7 @@ def unsubscribe(fn: Subscriber) -> None:
             _subscribers[key] = remaining
         else:
             del _subscribers[key]
+            _log_levels.pop(key, None)
 
 
 def enabled(name: str, log: Optional[str] = None) -> bool:
@@ -106,8 +114,14 @@ def emit(
     log: Optional[str] = None,
     level: int = 20,
 ) -> None:
+    if not _subscribers:
+        return
     subs = _subscribers.get(name)
-    lsubs = _subscribers.get("log:" + log) if log is not None else None
+    lsubs = None
+    if log is not None:
+        key = "log:" + log
+        if level >= _log_levels.get(key, 100):
+            lsubs = _subscribers.get(key)
     every = _subscribers.get("*")
     if subs is None and lsubs is None and every is None:
         return
@@ -143,7 +157,7 @@ def _report_sink_failure(fn: Subscriber, event: Event, exc: Exception) -> None:
 def log(channel: str, level: int, msg: str, *args: Any) -> None:
     """A plain log line on a channel (`dynamo`, `aot`, ...). `msg % args` is formatted
     only when a subscriber wants it."""
-    if ("log:" + channel) not in _subscribers and "*" not in _subscribers:
+    if level < _log_levels.get("log:" + channel, 100) and "*" not in _subscribers:
         return
     emit("log", {"channel": channel, "msg": msg, "args": args}, log=channel, level=level)
 

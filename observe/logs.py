@@ -44,7 +44,7 @@ class LogsSink:
         self.levels = dict(levels)
         bus.unsubscribe(self.on_event)
         if self.levels:
-            bus.subscribe(self.on_event, logs=sorted(self.levels))
+            bus.subscribe(self.on_event, logs=self.levels)
             self._install_handler()
         for name in registry.TABLE:
             logger = logging.getLogger(_logger_name(name))
