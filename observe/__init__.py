@@ -3,6 +3,8 @@
 Depends on nothing else in this repository. Importing it reads TORCH_LOGS and
 TORCH_TRACE."""
 
+import os
+
 from .bus import (CompileId, Event, compile_context, current_compile_id, emit, enabled, log, stage,
                   subscribe, unsubscribe)
 from .logs import set_logs
@@ -13,3 +15,6 @@ __all__ = ["CompileId", "Event", "compile_context", "current_compile_id", "emit"
 
 _logs.configure_from_env()
 _trace.configure_from_env()
+if os.environ.get("TORCH_COMPILE_DYNAMO_PROFILER"):  # imported only when asked for
+    from . import profiler as _profiler
+    _profiler.configure_from_env()

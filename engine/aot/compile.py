@@ -1,0 +1,202 @@
+"""`aot_compile`: the AOT autograd stage's entry point, and the per-input-metadata cache
+of compiled entries behind the callable it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import observe
+
+from .errors import AOTAutogradError
+from .inputs import LiftedParams, TensorSpec, alias_pattern, lift_parameters, make_fake, spec_of
+from .metadata import GraphMeta, collect_metadata
+from .mincut import min_cut_saved
+from .partition import default_saved, joint_parts, split, tensor_bytes
+from .readable import readable
+from .runtime import EagerFallback, InferenceEntry, TrainingEntry
+from .trace import _Tracer, output_nodes
+
+Compiler = Callable[[torch.fx.GraphModule, list], Callable]
+PARTITIONERS = ("default", "min_cut")
+_graph_ids = itertools.count()
+
+
+@dataclasses.dataclass
+class AOTConfig:
+    fw_compiler: Compiler
+    bw_compiler: Compiler
+    inference_compiler: Compiler
+    partitioner: str
+    decompositions: Optional[dict]
+
+
+@dataclasses.dataclass
+class PartitionStats:
+    """Saved activations of both partitioners for one joint graph."""
+
+    partitioner: str
+    saved: dict            # partitioner -> {"tensors", "bytes", "param_bytes", "names", "recomputed"}
+
+    def summary(self) -> str:
+        parts = [f"{name}: {s['tensors']} tensors, {s['bytes']} bytes "
+                 f"({s['bytes'] - s['param_bytes']} excluding parameters), {len(s['recomputed'])} ops recomputed"
+                 for name, s in self.saved.items()]
+        return f"partitioner={self.partitioner}; saved for backward: " + "; ".join(parts)
+
+
+def aot_compile(gm: torch.fx.GraphModule, example_inputs: list, *, fw_compiler: Compiler,
+                bw_compiler: Optional[Compiler] = None, inference_compiler: Optional[Compiler] = None,
+                partitioner: str = "default", decompositions: Optional[dict] = None) -> "AOTCompiled":
+    """Trace `gm` to functional aten graphs (a joint forward/backward graph partitioned in
+    two when an input requires grad, an inference graph otherwise), hand them to the
+    compilers, and return a callable with `gm`'s calling convention and autograd support.
+
+    Graphs are compiled now for `example_inputs` (when they are concrete) and again
+    whenever a call's inputs differ in shape, stride, dtype, device, requires_grad or grad
+    mode."""
+    if partitioner not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {partitioner!r}; expected one of {PARTITIONERS}")
+    config = AOTConfig(fw_compiler, bw_compiler or fw_compiler, inference_compiler or fw_compiler,
+                       partitioner, decompositions)
+    compiled = AOTCompiled(gm, config)
+    compiled.precompile(list(example_inputs))
+    return compiled
+
+
+class AOTCompiled:
+    def __init__(self, gm: torch.fx.GraphModule, config: AOTConfig):
+        self.gm = gm
+        self.config = config
+        self.lifted: LiftedParams = lift_parameters(gm)
+        self.num_user = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        self.cache: dict = {}
+        self.compile_id = observe.current_compile_id()
+        self.last_stats: Optional[PartitionStats] = None   # for tests and benchmarks
+
+    # -- calls ---------------------------------------------------------------------------
+    def __call__(self, *args: Any) -> Any:
+        flat = [*args, *self.lifted.fetch(self.gm)] if self.lifted.getters else list(args)
+        key = self._key(flat)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._compile(key, flat)
+        return entry(flat)
+
+    def _key(self, flat: list) -> tuple:
+        return (torch.is_grad_enabled(), tuple(spec_of(a) for a in flat), alias_pattern(flat))
+
+    def precompile(self, example_inputs: list) -> None:
+        if len(example_inputs) != self.num_user:
+            return   # an unusual calling convention: compile on the first call
+        flat = example_inputs + self.lifted.fetch(self.gm)
+        key = self._key(flat)
+        if any(s is None for s in key[1]):
+            observe.log("aot", logging.DEBUG, "example inputs are symbolic: compiling on the first call")
+            return
+        self._compile(key, flat)
+
+    # -- compiling -----------------------------------------------------------------------
+    def _compile(self, key: tuple, flat: list):
+        ctx = observe.compile_context(self.compile_id) if observe.current_compile_id() is None else _null()
+        with ctx, observe.stage("aot"):
+            entry = self._build(key, flat)
+        self.cache[key] = entry
+        return entry
+
+    def _build(self, key: tuple, flat: list):
+        grad_enabled, specs, aliases = key
+        # A ShapeEnv lets data-dependent scalars (`t.item()` in the graph) trace as symbols.
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
+        training = grad_enabled and any(isinstance(s, TensorSpec) and s.requires_grad for s in specs)
+        inputs_alias = any(a != i for i, a in enumerate(aliases))
+        observe.log("aot", logging.DEBUG, "compiling for %d inputs (%d lifted parameters/buffers), %s",
+                    len(flat), len(self.lifted.getters), "training" if training else "inference")
+        with observe.stage("aot_collect_metadata"):
+            meta = collect_metadata(self.gm, self.lifted, fakes, self.num_user, fake_mode, training, inputs_alias)
+        if training and not any(meta.tangent_mask()):
+            training = False      # no output needs a gradient: an inference graph will do
+        gid = next(_graph_ids)
+        observe.emit("artifact", {"name": "aot_forward_graph_fw_metadata", "encoding": "string"},
+                     payload=meta.describe)
+        if meta.fallback_reason:
+            observe.log("aot", logging.INFO, "graph %d runs eagerly (not compiled): %s", gid, meta.fallback_reason)
+            return EagerFallback(self.gm, self.num_user, meta.fallback_reason)
+        observe.log("aot", logging.DEBUG, "metadata:\n%s", meta.describe())
+        tracer = _Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
+        if training:
+            return self._build_training(tracer, meta, fakes, flat, gid)
+        return self._build_inference(tracer, meta, fakes, gid)
+
+    def _build_inference(self, tracer: _Tracer, meta: GraphMeta, fakes: list, gid: int):
+        with observe.stage("aot_trace_inference_graph"):
+            traced = tracer.trace_inference(fakes)
+        from .partition import extract
+        from .trace import placeholders
+        graph = extract(traced, placeholders(traced), output_nodes(traced), "inference")
+        observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},
+                     payload=lambda: readable(graph), log="aot_graphs")
+        with observe.stage("aot_compile_inference"):
+            compiled = self.config.inference_compiler(graph, _example_values(graph))
+        return InferenceEntry(compiled, meta)
+
+    def _build_training(self, tracer: _Tracer, meta: GraphMeta, fakes: list, flat: list, gid: int):
+        with observe.stage("aot_trace_joint_graph"):
+            joint, layout = tracer.trace_joint(fakes)
+        observe.emit("aot_joint_graph", {"title": f"===== Joint graph {gid} ====="},
+                     payload=lambda: readable(joint), log="aot_joint_graph")
+        with observe.stage("aot_partition", partitioner=self.config.partitioner):
+            try:
+                parts = joint_parts(joint, layout)
+                free = {p for p, a in zip(parts.primals, flat) if isinstance(a, torch.nn.Parameter)}
+                choices = {"default": default_saved(parts), "min_cut": min_cut_saved(parts, free)}
+                mutated = frozenset(parts.primals[i] for i in meta.mutated_inputs)
+                splits = {name: split(joint, parts, saved, mutated) for name, saved in choices.items()}
+            except AOTAutogradError:
+                raise
+            except Exception as exc:
+                raise AOTAutogradError(f"partitioning the joint graph ({self.config.partitioner})", None, exc) from exc
+        chosen = splits[self.config.partitioner]
+        stats = PartitionStats(self.config.partitioner, {
+            name: {"tensors": len(s.saved), "bytes": s.saved_bytes,
+                   "param_bytes": sum(tensor_bytes(n) for n in s.saved if n in free),
+                   "names": [n.name for n in s.saved], "recomputed": s.recomputed}
+            for name, s in splits.items()})
+        self.last_stats = stats
+        observe.log("aot", logging.DEBUG, "graph %d: %s", gid, stats.summary())
+        observe.emit("artifact", {"name": "aot_partition_stats", "encoding": "json"},
+                     payload=lambda: json.dumps(dataclasses.asdict(stats)))
+        saved_md = {"partitioner": stats.partitioner, "saved_bytes": chosen.saved_bytes,
+                    "saved_tensors": len(chosen.saved),
+                    "saved_bytes_by_partitioner": {k: v["bytes"] for k, v in stats.saved.items()}}
+        observe.emit("aot_forward_graph", {"title": f"===== Forward graph {gid} =====", **saved_md},
+                     payload=lambda: readable(chosen.forward), log="aot_graphs")
+        observe.emit("aot_backward_graph", {"title": f"===== Backward graph {gid} =====", **saved_md},
+                     payload=lambda: readable(chosen.backward), log="aot_graphs")
+        with observe.stage("aot_compile_forward"):
+            compiled_fw = self.config.fw_compiler(chosen.forward, _example_values(chosen.forward))
+        with observe.stage("aot_compile_backward"):
+            compiled_bw = self.config.bw_compiler(chosen.backward, _example_values(chosen.backward))
+        fw_vals = [n.meta["val"] for n in parts.forward_outputs]
+        return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals)
+
+
+def _example_values(gm: torch.fx.GraphModule) -> list:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

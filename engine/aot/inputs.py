@@ -1,0 +1,143 @@
+"""What the AOT stage knows about its inputs before tracing: parameters and buffers lifted
+out of the GraphModule, a hashable description of every flat input (the cache key), and
+fresh FakeTensors built from those descriptions."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+@dataclasses.dataclass
+class LiftedParams:
+    """Tensors the graph reads from its module (get_attr, or the parameters of a
+    call_module submodule), lifted to trailing graph inputs so the aten graphs are pure
+    functions. They are fetched live on every call, so optimizer updates are seen."""
+
+    names: list[list[str]]          # one entry per unique tensor: every attribute path that holds it
+    getters: list[Any]              # operator.attrgetter for the first path
+
+    def fetch(self, gm: torch.nn.Module) -> list[torch.Tensor]:
+        return [g(gm) for g in self.getters]
+
+    def name_map(self, values: list[Any]) -> dict[str, Any]:
+        """Attribute path -> value, for reparametrizing the module during tracing."""
+        return {name: v for names, v in zip(self.names, values) for name in names}
+
+
+def lift_parameters(gm: torch.fx.GraphModule) -> LiftedParams:
+    found: dict[int, list[str]] = {}
+    order: list[int] = []
+    tensors: dict[int, torch.Tensor] = {}
+
+    def add(name: str, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        key = id(t)
+        if key not in found:
+            found[key] = []
+            order.append(key)
+            tensors[key] = t
+        if name not in found[key]:
+            found[key].append(name)
+
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            try:
+                add(node.target, operator.attrgetter(node.target)(gm))
+            except AttributeError:
+                pass
+        elif node.op == "call_module":
+            sub = gm.get_submodule(node.target)
+            for name, t in sub.named_parameters(remove_duplicate=False):
+                add(f"{node.target}.{name}", t)
+            for name, t in sub.named_buffers(remove_duplicate=False):
+                add(f"{node.target}.{name}", t)
+    names = [found[k] for k in order]
+    return LiftedParams(names=names, getters=[operator.attrgetter(n[0]) for n in names])
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """Everything about a tensor input that a traced graph depends on."""
+
+    shape: tuple
+    stride: tuple
+    storage_offset: int
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+    is_param: bool
+
+
+def _concrete(v: Any) -> Optional[int]:
+    if isinstance(v, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+        return int(v) if is_concrete_int(v) else None
+    return int(v)
+
+
+def spec_of(x: Any) -> Any:
+    """A hashable description of one flat input; None when it is not concrete (a symbolic
+    FakeTensor or SymInt handed over at compile time: we compile on the first call)."""
+    if isinstance(x, torch.Tensor):
+        shape = tuple(_concrete(s) for s in x.shape)
+        stride = tuple(_concrete(s) for s in x.stride())
+        off = _concrete(x.storage_offset())
+        if None in shape or None in stride or off is None:
+            return None
+        return TensorSpec(shape, stride, off, x.dtype, x.device, x.requires_grad,
+                          isinstance(x, torch.nn.Parameter))
+    if isinstance(x, torch.SymInt):
+        c = _concrete(x)
+        return None if c is None else ("int", c)
+    if isinstance(x, (torch.SymFloat, torch.SymBool)):
+        return None
+    if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+        return (type(x).__name__, x)
+    return ("object", id(x))
+
+
+def alias_pattern(args: list[Any]) -> tuple:
+    """For each tensor input, the index of the first input sharing its storage (itself if
+    none). Fake inputs never share storage here: compile-time examples are taken as distinct."""
+    seen: dict[Any, int] = {}
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
+            try:
+                key = (a.device, a.untyped_storage().data_ptr())
+            except Exception:  # tensors without storage (sparse, ...): never aliased
+                key = ("nostorage", i)
+            if key[1] == 0:   # empty storages all have data_ptr 0
+                key = ("empty", i)
+            out.append(seen.setdefault(key, i))
+        else:
+            out.append(i)
+    return tuple(out)
+
+
+def make_fake(spec: TensorSpec, fake_mode) -> torch.Tensor:
+    """A fresh FakeTensor with exactly the spec's layout (storage offset included, so the
+    as_strided views we regenerate for aliased outputs use the same numbers)."""
+    numel_extent = 1
+    for size, stride in zip(spec.shape, spec.stride):
+        if size == 0:
+            numel_extent = 0
+            break
+        numel_extent += (size - 1) * abs(stride)
+    with fake_mode:
+        if spec.storage_offset == 0:
+            t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=spec.device)
+        else:
+            base = torch.empty(spec.storage_offset + numel_extent, dtype=spec.dtype, device=spec.device)
+            t = base.as_strided(spec.shape, spec.stride, spec.storage_offset).detach()
+        if spec.requires_grad:
+            t.requires_grad_(True)
+    return t

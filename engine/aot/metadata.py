@@ -1,0 +1,182 @@
+"""What running the captured graph does to its inputs and what its outputs are, found by one
+run on FakeTensors: which inputs are mutated, which outputs are inputs or views of inputs,
+which outputs need gradients. The runtime wrapper is built from this."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .inputs import LiftedParams
+from .interpret import run_captured_graph
+
+
+@dataclasses.dataclass
+class InputInfo:
+    mutates_data: bool
+    mutates_metadata: bool
+    requires_grad: bool          # before the call
+    requires_grad_after: bool    # a mutation can make it require grad: buf.copy_(param)
+
+
+@dataclasses.dataclass
+class OutputInfo:
+    """One leaf of the captured graph's output.
+
+    kind: "graph"    computed by the aten graph, at `index` among its user outputs
+          "input"    the input object `index` itself (returned as is, maybe mutated)
+          "alias"    a view of input `index`, regenerated as a real view of the real input
+          "constant" a non-tensor value, `constant`
+    """
+
+    kind: str
+    index: int = -1
+    constant: Any = None
+    size: tuple = ()
+    stride: tuple = ()
+    storage_offset: int = 0
+    requires_grad: bool = False
+
+
+@dataclasses.dataclass
+class GraphMeta:
+    inputs: list[InputInfo]
+    outputs: list[OutputInfo]
+    out_spec: Any                         # pytree spec of the captured graph's output
+    mutated_inputs: list[int]             # inputs whose new value the aten graph returns first
+    graph_output_leaves: list[int]        # leaf index of each (deduplicated) graph output
+    graph_output_fakes: list[torch.Tensor]
+    graph_output_requires_grad: list[bool]
+    fallback_reason: Optional[str] = None
+
+    @property
+    def num_mutations(self) -> int:
+        return len(self.mutated_inputs)
+
+    def forward_output_requires_grad(self) -> list[bool]:
+        """requires_grad of each aten-graph output (mutated inputs first, then user outputs)."""
+        muts = [self.inputs[i].requires_grad_after for i in self.mutated_inputs]
+        return muts + list(self.graph_output_requires_grad)
+
+    def tangent_mask(self) -> list[bool]:
+        fakes = [None] * self.num_mutations + list(self.graph_output_fakes)
+        out = []
+        for rg, fake in zip(self.forward_output_requires_grad(), fakes):
+            out.append(bool(rg) and (fake is None or fake.dtype.is_floating_point or fake.dtype.is_complex))
+        return out
+
+    def describe(self) -> str:
+        """A readable summary (the `aot_forward_graph_fw_metadata` artifact)."""
+        lines = ["inputs:"]
+        for i, info in enumerate(self.inputs):
+            flags = [k for k in ("mutates_data", "mutates_metadata", "requires_grad") if getattr(info, k)]
+            lines.append(f"  {i}: {', '.join(flags) or '-'}")
+        lines.append("outputs:")
+        for j, o in enumerate(self.outputs):
+            what = {"graph": f"graph output {o.index}", "input": f"input {o.index} itself",
+                    "alias": f"view of input {o.index} size={list(o.size)} stride={list(o.stride)} "
+                             f"offset={o.storage_offset}",
+                    "constant": f"constant {o.constant!r}"}[o.kind]
+            lines.append(f"  {j}: {what}{', requires_grad' if o.requires_grad else ''}")
+        if self.fallback_reason:
+            lines.append(f"fallback to eager: {self.fallback_reason}")
+        return "\n".join(lines)
+
+
+def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list, num_user: int,
+                     fake_mode, training: bool, inputs_alias: bool) -> GraphMeta:
+    """Run the graph once, functionalized, on FakeTensors. Functionalization (not version
+    counters: kernels such as batch_norm update running stats without bumping them) tells
+    which inputs were mutated; storage identity tells which outputs alias inputs."""
+    from .trace import exclude_functionalize_key, from_fun, to_fun
+
+    # Data-dependent scalars (`t.item()`) made here are not bound to graph nodes: tell the ShapeEnv.
+    ignore_unbacked = fake_mode.shape_env.ignore_fresh_unbacked_symbols() if fake_mode.shape_env else _null()
+    with fake_mode, ignore_unbacked, enable_python_dispatcher(), FunctionalTensorMode(), \
+            torch.set_grad_enabled(training):
+        with exclude_functionalize_key():
+            f_args = [to_fun(a) for a in fakes]
+            out = run_captured_graph(gm, lifted, f_args[:num_user], f_args[num_user:],
+                                     step="collecting metadata (running the graph on FakeTensors) at")
+        inputs = []
+        for f, a in zip(f_args, fakes):
+            if not isinstance(f, torch.Tensor):
+                inputs.append(InputInfo(False, False, False, False))
+                continue
+            torch._sync(f)
+            inputs.append(InputInfo(mutates_data=bool(torch._functionalize_has_data_mutation(f.elem)),
+                                    mutates_metadata=bool(torch._functionalize_has_metadata_mutation(f.elem)),
+                                    requires_grad=bool(a.requires_grad), requires_grad_after=bool(f.requires_grad)))
+        storages = [StorageWeakRef(f.untyped_storage()) if isinstance(f, torch.Tensor) else None for f in f_args]
+        leaves, spec = pytree.tree_flatten(out)
+        outputs, graph_leaves, graph_fakes, fallback = _describe_outputs(leaves, f_args, storages)
+        graph_rg = [bool(t.requires_grad) for t in graph_fakes]
+        graph_fakes = [from_fun(t) for t in graph_fakes]
+    meta = _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias)
+    meta.graph_output_requires_grad = graph_rg
+    return meta
+
+
+def _describe_outputs(leaves: list, f_args: list, storages: list):
+    outputs: list[OutputInfo] = []
+    graph_leaves: list[int] = []
+    graph_fakes: list[torch.Tensor] = []
+    fallback = None
+    for j, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor):
+            if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                fallback = fallback or f"output {j} is a symbolic scalar"
+            outputs.append(OutputInfo("constant", constant=leaf))
+            continue
+        rg = bool(leaf.requires_grad)
+        same = next((i for i, a in enumerate(f_args) if leaf is a), None)
+        if same is not None:
+            outputs.append(OutputInfo("input", index=same, requires_grad=rg))
+            continue
+        ref = StorageWeakRef(leaf.untyped_storage())
+        base = next((i for i, st in enumerate(storages) if st is not None and st == ref), None)
+        if base is not None:
+            if leaf.dtype != f_args[base].dtype or leaf.is_complex() or f_args[base].is_complex():
+                fallback = fallback or f"output {j} is a dtype-changing view of input {base}"
+            outputs.append(OutputInfo("alias", index=base, size=tuple(leaf.shape), stride=tuple(leaf.stride()),
+                                      storage_offset=leaf.storage_offset(), requires_grad=rg))
+            continue
+        dup = next((k for k, prev in enumerate(graph_fakes) if prev is leaf), None)
+        if dup is None:
+            dup = len(graph_fakes)
+            graph_fakes.append(leaf)
+            graph_leaves.append(j)
+        outputs.append(OutputInfo("graph", index=dup, requires_grad=rg))
+    return outputs, graph_leaves, graph_fakes, fallback
+
+
+def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias) -> GraphMeta:
+    mutated = [i for i, info in enumerate(inputs) if info.mutates_data]
+    if any(info.mutates_metadata for info in inputs):
+        fallback = fallback or "an input's size, stride or offset is mutated (x.t_(), x.resize_(), ...)"
+    if mutated and inputs_alias:
+        fallback = fallback or "inputs share storage and one of them is mutated"
+    if training and any(inputs[i].requires_grad for i in mutated):
+        fallback = fallback or "an input that requires grad is mutated in place"
+    if not training and any(o.requires_grad for o in outputs):
+        fallback = fallback or "an output requires grad although no input does"
+    return GraphMeta(inputs=inputs, outputs=outputs, out_spec=spec, mutated_inputs=mutated,
+                     graph_output_leaves=graph_leaves, graph_output_fakes=graph_fakes,
+                     graph_output_requires_grad=[bool(t.requires_grad) for t in graph_fakes],
+                     fallback_reason=fallback)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,130 @@
+"""What runs on every call: the compiled forward (inside a torch.autograd.Function when
+gradients are needed, the compiled backward as its backward), then the epilogue that
+writes mutated inputs back and rebuilds outputs that are inputs or views of inputs."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from .metadata import GraphMeta
+
+
+def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
+    n = meta.num_mutations
+    for k, i in enumerate(meta.mutated_inputs):
+        target, new = flat[i], outs[k]
+        if meta.inputs[i].requires_grad_after and torch.is_grad_enabled():
+            target.copy_(new)          # eager's in-place op would be recorded by autograd too
+        else:
+            with torch.no_grad():
+                target.copy_(new)
+    leaves = []
+    for o in meta.outputs:
+        if o.kind == "graph":
+            leaves.append(outs[n + o.index])
+        elif o.kind == "input":
+            leaves.append(flat[o.index])
+        elif o.kind == "alias":
+            # A real view of the real input, as eager returns; autograd sees it as one
+            # (detached first where eager's output does not require grad: x.detach()).
+            base = flat[o.index] if o.requires_grad else flat[o.index].detach()
+            leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
+        else:
+            leaves.append(o.constant)
+    return pytree.tree_unflatten(leaves, meta.out_spec)
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "AOT autograd: differentiating the gradient of a compiled graph (double backward, "
+    "create_graph=True then backward again) is not supported; run this part eagerly "
+    "(engine.disable) or compute the higher-order gradient with torch.func outside the compiled region")
+
+
+def _refuse_double_backward(grads: tuple) -> tuple:
+    """Gradients that raise a clear error only if someone differentiates them again
+    (what torch.autograd.function.once_differentiable does, with our message)."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE, len(present))
+    out = err(*[g.detach().requires_grad_(True) for g in present])
+    wrapped = iter(out if isinstance(out, (tuple, list)) else (out,))
+    return tuple(None if g is None else next(wrapped) for g in grads)
+
+
+class EagerFallback:
+    """Runs the captured graph as is: the correct answer where the AOT stage does not
+    support what the graph does (the reason is logged once, at compile time)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, num_user: int, reason: str):
+        self.gm, self.num_user, self.reason = gm, num_user, reason
+
+    def __call__(self, flat: list) -> Any:
+        return self.gm(*flat[:self.num_user])
+
+
+class InferenceEntry:
+    def __init__(self, compiled: Callable, meta: GraphMeta):
+        self.compiled, self.meta = compiled, meta
+
+    def __call__(self, flat: list) -> Any:
+        with torch.no_grad():
+            outs = self.compiled(*flat)
+        return epilogue(self.meta, flat, outs)
+
+
+class TrainingEntry:
+    def __init__(self, compiled_fw: Callable, compiled_bw: Callable, meta: GraphMeta,
+                 forward_output_vals: list, grad_inputs: list[int], num_primals: int):
+        mask = meta.tangent_mask()
+        num_forward_outputs = len(forward_output_vals)
+        tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
+        nondiff = [k for k, m in enumerate(mask) if not m]
+
+        class CompiledFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                outs = compiled_fw(*args)
+                fw_outs, saved = outs[:num_forward_outputs], outs[num_forward_outputs:]
+                is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+                ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
+                ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
+                if nondiff:
+                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)])
+                return tuple(fw_outs)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                create_graph = torch.is_grad_enabled()
+                with torch.no_grad():
+                    result = _backward(ctx, grads)
+                return _refuse_double_backward(result) if create_graph else result
+
+        def _backward(ctx, grads):
+            tensors = iter(ctx.saved_tensors)
+            saved = [next(tensors) if o is None else o for o in ctx.saved_other]
+            tangents = []
+            for k, m in enumerate(mask):
+                if not m:
+                    continue
+                g = grads[k]
+                if g is None:
+                    shape, dtype, device = tangent_meta[k]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
+                tangents.append(g.contiguous())
+            gs = compiled_bw(*saved, *tangents)
+            result = [None] * num_primals
+            for i, g in zip(grad_inputs, gs):
+                result[i] = g
+            return tuple(result)
+
+        CompiledFunction.__name__ = "CompiledFunction"
+        self.function = CompiledFunction
+        self.meta = meta
+
+    def __call__(self, flat: list) -> Any:
+        outs = self.function.apply(*flat)
+        return epilogue(self.meta, flat, outs)

@@ -1,0 +1,157 @@
+"""Wrapping real values read from a source (frame locals, globals, attributes, items) into
+variable trackers, installing the guards each wrapping relies on."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+from typing import Any
+
+import torch
+
+from .graph_breaks import GraphBreak
+from .source import AttrSource, GetItemSource, Source
+from .variables import (ConstantVariable, DictVariable, FunctionVariable, ListVariable, ObjectVariable, SetVariable,
+                        TensorVariable, TupleVariable, VariableTracker)
+
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), range, slice,
+                  torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, enum.Enum)
+
+
+def is_constant_value(v: Any) -> bool:
+    if isinstance(v, CONSTANT_TYPES):
+        return True
+    if type(v) in (tuple, frozenset):
+        return all(is_constant_value(x) for x in v)
+    return False
+
+
+def wrap_constant(value: Any) -> VariableTracker:
+    """A value computed at trace time (no source, no guard)."""
+    if isinstance(value, VariableTracker):
+        return value
+    if isinstance(value, CONSTANT_TYPES):
+        return ConstantVariable(value)
+    if type(value) is list:
+        return ListVariable([wrap_constant(v) for v in value])
+    if isinstance(value, tuple):
+        cls = type(value)
+        return TupleVariable([wrap_constant(v) for v in value], cls=cls)
+    if type(value) is dict:
+        return DictVariable({k: wrap_constant(v) for k, v in value.items()})
+    if isinstance(value, (set, frozenset)):
+        return SetVariable(list(value), cls=type(value))
+    if isinstance(value, types.FunctionType):
+        return FunctionVariable(value)
+    return ObjectVariable(value)
+
+
+class Builder:
+    """VariableBuilder: `wrap(value, source)` for values the frame reads from outside."""
+
+    def __init__(self, out):
+        self.out = out  # the OutputGraph
+
+    def wrap(self, value: Any, source: Source | None) -> VariableTracker:
+        out = self.out
+        if source is None:
+            return self.wrap_sourceless(value)
+        known = out.memo.get(id(value))
+        if known is not None and not isinstance(value, CONSTANT_TYPES) and type(value) not in (tuple,):
+            if isinstance(known, TensorVariable) and known.source is not None and known.source != source:
+                out.add_guard("DUPLICATE_INPUT", source, known.source.name())
+            elif (isinstance(known, (ListVariable, DictVariable, ObjectVariable)) and known.source is not None
+                  and known.source != source):
+                out.add_guard("ID_MATCH", source, value)
+            return known
+        if isinstance(value, torch.Tensor):
+            return self.wrap_tensor(value, source)
+        if isinstance(value, CONSTANT_TYPES) and not isinstance(value, enum.Enum):
+            out.add_guard("EQUALS_MATCH", source, value)
+            return ConstantVariable(value, source)
+        if isinstance(value, enum.Enum):
+            out.add_guard("ID_MATCH", source, value)
+            return ConstantVariable(value, source)
+        t = type(value)
+        if t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")):
+            out.add_guard("TYPE_MATCH", source, t)
+            out.add_guard("LENGTH_CHECK", source, len(value))
+            return TupleVariable([self.wrap(v, GetItemSource(source, i)) for i, v in enumerate(value)], source, cls=t)
+        if t is list:
+            out.add_guard("TYPE_MATCH", source, t)
+            out.add_guard("LENGTH_CHECK", source, len(value))
+            vt = ListVariable([], source)
+            out.remember(value, vt)
+            vt.items = [self.wrap(v, GetItemSource(source, i)) for i, v in enumerate(value)]
+            return vt
+        if t is dict:
+            keys = list(value.keys())
+            if not all(isinstance(k, (str, int)) and type(k) is not bool for k in keys):
+                raise GraphBreak("GB0011", "dict input with non-constant keys")
+            out.add_guard("TYPE_MATCH", source, t)
+            out.add_guard("DICT_KEYS", source, tuple(keys))
+            vt = DictVariable({}, source)
+            out.remember(value, vt)
+            vt.items = {k: self.wrap(v, GetItemSource(source, k)) for k, v in value.items()}
+            return vt
+        if t in (set, frozenset) and all(is_constant_value(v) for v in value):
+            out.add_guard("EQUALS_MATCH", source, frozenset(value) if t is frozenset else set(value))
+            return SetVariable(list(value), source, cls=t)
+        if isinstance(value, types.FunctionType):
+            out.add_guard("ID_MATCH", source, value)
+            vt = FunctionVariable(value, source)
+            out.remember(value, vt)
+            return vt
+        if isinstance(value, torch.nn.Module):
+            out.add_guard("ID_MATCH", source, value)
+            vt = ObjectVariable(value, source)
+            out.remember(value, vt)
+            out.register_module_tree(value, source)
+            return vt
+        if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
+                              types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
+                              types.MethodDescriptorType, types.ClassMethodDescriptorType)) or callable(value) and not hasattr(value, "__dict__"):
+            out.add_guard("ID_MATCH", source, value)
+            vt = ObjectVariable(value, source)
+            out.remember(value, vt)
+            return vt
+        # A user object: its type is guarded; attributes are guarded as they are read.
+        out.add_guard("TYPE_MATCH", source, t)
+        vt = ObjectVariable(value, source)
+        out.remember(value, vt)
+        return vt
+
+    def wrap_tensor(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        out = self.out
+        if type(value) not in (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer):
+            raise GraphBreak("GB0011", f"tensor subclass {type(value).__name__}")
+        if value.is_sparse or value.layout != torch.strided:
+            raise GraphBreak("GB0011", "non-strided tensor")
+        out.add_guard("TENSOR_MATCH", source, value)
+        vt = out.add_graph_input(value, source)
+        out.remember(value, vt)
+        return vt
+
+    def wrap_sourceless(self, value: Any) -> VariableTracker:
+        out = self.out
+        known = out.memo.get(id(value))
+        if known is not None:
+            return known
+        if isinstance(value, torch.Tensor):
+            src = out.tensor_sources.get(id(value))
+            if src is not None:
+                return self.wrap(value, src)
+            return out.add_constant_tensor(value)
+        if isinstance(value, torch.nn.Module):
+            src = out.module_sources.get(id(value))
+            if src is not None:
+                return self.wrap(value, src)
+            vt = ObjectVariable(value)
+            out.remember(value, vt)
+            return vt
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            vt = ObjectVariable(value)
+            out.remember(value, vt)
+            return vt
+        return wrap_constant(value)

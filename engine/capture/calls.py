@@ -1,0 +1,863 @@
+"""Calls during the trace: inlining Python functions (argument binding, closures,
+generators), builtins, classes, nn.Module calls, torch operators, and the calls that
+must break the graph."""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import dataclasses
+import functools
+import inspect
+import math
+import operator
+import types
+
+import torch
+
+from .. import config
+from .builder import is_constant_value, wrap_constant
+from .graph_breaks import GraphBreak
+from .source import GetItemSource, ModuleGlobalSource, AttrSource
+from .tensor_ops import PURE_BUILTINS, PURE_MODULES, convertible, has_tensor, is_torch_op
+from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionVariable, FunctionVariable,
+                        GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable, ObjectVariable,
+                        SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable,
+                        VariableTracker)
+
+CO_VARARGS = inspect.CO_VARARGS
+CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+_STDLIB_PREFIX = None
+
+
+def _markers():
+    from .. import api
+    return api
+
+
+def _module_of(fn) -> str:
+    return getattr(fn, "__module__", None) or ""
+
+
+def _is_torch(fn) -> bool:
+    mod = _module_of(fn)
+    return mod == "torch" or mod.startswith("torch.")
+
+
+def _inlinable_torch(fn) -> bool:
+    """Python code inside torch that the capture inlines (module forwards and helpers)."""
+    mod = _module_of(fn)
+    return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
+        mod in ("torch.nn.parameter",)
+
+
+# ---------------------------------------------------------------------- Python functions
+
+
+def call_python_function(tx, fn, args, kwargs, source):
+    api = _markers()
+    if fn is api.graph_break:
+        raise GraphBreak("GB0005")
+    if getattr(fn, "_engine_disabled", False) or fn in api._DISALLOWED:
+        raise GraphBreak("GB0006", getattr(fn, "__qualname__", repr(fn)))
+    if fn in config.reorderable_logging_functions:
+        return defer_logging_call(tx, fn, args, kwargs)
+    if fn in api._ALLOWED:
+        return call_torch_op(tx, fn, args, kwargs)
+    if is_torch_op(fn):
+        return call_torch_op(tx, fn, args, kwargs)
+    special = SPECIAL_FUNCTIONS.get(fn)
+    if special is not None:
+        return special(tx, args, kwargs)
+    if _is_torch(fn) and not _inlinable_torch(fn):
+        raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
+    mod = _module_of(fn).split(".")[0]
+    if mod in PURE_MODULES and all(tx.is_python_constant(a) for a in args) and \
+            all(tx.is_python_constant(v) for v in kwargs.values()):
+        return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
+    if fn.__code__.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+        raise GraphBreak("GB0011", "coroutine")
+    return inline_user_function(tx, fn, args, kwargs, source)
+
+
+def defer_logging_call(tx, fn, args, kwargs):
+    tx.out.deferred_calls.append((fn, list(args), dict(kwargs)))
+    return ConstantVariable(None)
+
+
+def inline_user_function(tx, fn, args, kwargs, source):
+    globals_source = _globals_source_for(fn, source)
+    defaults = tuple_of_real(tx, fn.__defaults__, AttrSource(source, "__defaults__") if source else None)
+    kwdefaults = None
+    if fn.__kwdefaults__:
+        kwdefaults = DictVariable({k: tx.out.builder.wrap_sourceless(v) if not is_constant_value(v) else
+                                   ConstantVariable(v) for k, v in fn.__kwdefaults__.items()})
+    closure = None
+    if fn.__closure__:
+        cells = []
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                content = cell.cell_contents
+            except ValueError:
+                cells.append(CellVariable(None))
+                continue
+            csrc = None
+            if source is not None:
+                csrc = AttrSource(GetItemSource(AttrSource(source, "__closure__"), len(cells)), "cell_contents")
+            vt = tx.out.builder.wrap(content, csrc) if csrc is not None else tx.out.builder.wrap_sourceless(content)
+            cells.append(CellVariable(vt, source=csrc))
+        closure = tuple(cells)
+    return inline_code(tx, fn.__code__, fn.__globals__, globals_source, defaults, kwdefaults, closure, args, kwargs,
+                       fn.__qualname__)
+
+
+def tuple_of_real(tx, values, source):
+    if not values:
+        return None
+    items = []
+    for i, v in enumerate(values):
+        if is_constant_value(v):
+            items.append(ConstantVariable(v))
+        elif source is not None:
+            items.append(tx.out.builder.wrap(v, GetItemSource(source, i)))
+        else:
+            items.append(tx.out.builder.wrap_sourceless(v))
+    return TupleVariable(items)
+
+
+def _globals_source_for(fn, source):
+    mod = fn.__globals__.get("__name__")
+    if _is_torch(fn):
+        return lambda name: None  # torch's own globals are not guarded
+    import sys
+
+    if mod and sys.modules.get(mod) is not None and getattr(sys.modules[mod], "__dict__", None) is fn.__globals__:
+        return lambda name: ModuleGlobalSource(mod, name)
+    if source is not None:
+        return lambda name: GetItemSource(AttrSource(source, "__globals__"), name)
+    return lambda name: None
+
+
+def bind_args(tx, code, defaults, kwdefaults, args, kwargs, name) -> dict:
+    """CPython's argument binding, over variables."""
+    nargs = code.co_argcount
+    nkwonly = code.co_kwonlyargcount
+    npos_only = code.co_posonlyargcount
+    names = code.co_varnames
+    result = {}
+    pos_names = names[:nargs]
+    kwonly_names = names[nargs:nargs + nkwonly]
+    i = nargs + nkwonly
+    varargs_name = names[i] if code.co_flags & CO_VARARGS else None
+    if varargs_name:
+        i += 1
+    varkw_name = names[i] if code.co_flags & CO_VARKEYWORDS else None
+    args = list(args)
+    for pname, a in zip(pos_names, args):
+        result[pname] = a
+    extra = args[nargs:]
+    if extra and not varargs_name:
+        raise tx.exception(TypeError, f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    if varargs_name:
+        result[varargs_name] = TupleVariable(extra)
+    varkw = {}
+    for k, v in kwargs.items():
+        if k in pos_names[npos_only:] or k in kwonly_names:
+            if k in result:
+                raise tx.exception(TypeError, f"{name}() got multiple values for argument '{k}'")
+            result[k] = v
+        elif varkw_name:
+            varkw[k] = v
+        else:
+            raise tx.exception(TypeError, f"{name}() got an unexpected keyword argument '{k}'")
+    if varkw_name:
+        result[varkw_name] = DictVariable(varkw)
+    dvals = defaults.items if defaults is not None else []
+    first_default = nargs - len(dvals)
+    for idx, pname in enumerate(pos_names):
+        if pname not in result:
+            if idx >= first_default:
+                result[pname] = dvals[idx - first_default]
+            else:
+                raise tx.exception(TypeError, f"{name}() missing required positional argument: '{pname}'")
+    for pname in kwonly_names:
+        if pname not in result:
+            if kwdefaults is not None and pname in kwdefaults.items:
+                result[pname] = kwdefaults.items[pname]
+            else:
+                raise tx.exception(TypeError, f"{name}() missing required keyword-only argument: '{pname}'")
+    return result
+
+
+def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closure, args, kwargs, name):
+    from .interpreter import MAX_INLINE_DEPTH, Frame
+
+    if tx.depth >= MAX_INLINE_DEPTH:
+        raise GraphBreak("GB0011", "inlining too deep (recursion?)")
+    local_vars = bind_args(tx, code, defaults, kwdefaults, args, kwargs, name)
+    cells = {}
+    for cname in code.co_cellvars:
+        cells[cname] = CellVariable(local_vars.pop(cname, None)) if cname in local_vars else CellVariable(None)
+    if code.co_freevars:
+        if closure is None or len(closure) != len(code.co_freevars):
+            raise GraphBreak("GB0011", f"closure of {name}")
+        for fname, cell in zip(code.co_freevars, closure):
+            cells[fname] = cell
+    # MAKE_CELL in the callee would re-wrap; mark the cells as made
+    child = Frame(tx.out, code, f_globals, globals_source, local_vars, cells, parent=tx, fn_name=name)
+    child._cells_ready = True
+    result = child.run()
+    if child.generator_values is not None:
+        return IteratorVariable(child.generator_values)
+    return result
+
+
+# ---------------------------------------------------------------------- torch ops
+
+
+def call_torch_op(tx, fn, args, kwargs):
+    if not convertible(args, kwargs):
+        raise GraphBreak("GB0011", f"{getattr(fn, '__name__', fn)} called with unsupported argument types")
+    return tx.tensor_call("call_function", fn, args, kwargs)
+
+
+def _const_fold_torch(tx, fn, args, kwargs):
+    return tx.const_apply(fn, [to_fake_or_const(tx, a) for a in args],
+                          {k: to_fake_or_const(tx, v) for k, v in kwargs.items()})
+
+
+def to_fake_or_const(tx, v):
+    if isinstance(v, TensorVariable):
+        return v.fake
+    return tx.as_python(v)
+
+
+# ---------------------------------------------------------------------- objects
+
+
+def call_object(tx, fnv: ObjectVariable, args, kwargs):
+    fn = fnv.value
+    if fn is None:
+        raise GraphBreak("GB0013", f"call of a {fnv.cls.__name__} instance built in the trace")
+    api = _markers()
+    if fn is api.graph_break:
+        raise GraphBreak("GB0005")
+    special = SPECIAL_FUNCTIONS.get(fn) if _hashable(fn) else None
+    if special is not None:
+        return special(tx, args, kwargs)
+    if isinstance(fn, type):
+        return call_class(tx, fnv, args, kwargs)
+    if isinstance(fn, torch.nn.Module):
+        return call_module(tx, fnv, args, kwargs)
+    if isinstance(fn, types.FunctionType):
+        return call_python_function(tx, fn, args, kwargs, fnv.source)
+    if isinstance(fn, types.MethodType):
+        self_vt = tx.out.builder.wrap(fn.__self__, AttrSource(fnv.source, "__self__")) if fnv.source else \
+            tx.out.builder.wrap_sourceless(fn.__self__)
+        if isinstance(fn.__func__, types.FunctionType):
+            return call_python_function(tx, fn.__func__, [self_vt] + list(args), kwargs, None)
+        raise GraphBreak("GB0002", repr(fn))
+    if _hashable(fn) and (fn in api._DISALLOWED):
+        raise GraphBreak("GB0006", repr(fn))
+    if _hashable(fn) and fn in config.reorderable_logging_functions:
+        return defer_logging_call(tx, fn, args, kwargs)
+    if is_torch_op(fn) or (_hashable(fn) and fn in api._ALLOWED):
+        if fn in TORCH_CONSTANT_FOLD:
+            return TORCH_CONSTANT_FOLD[fn](tx, args, kwargs)
+        return call_torch_op(tx, fn, args, kwargs)
+    if _hashable(fn) and fn in TORCH_CONSTANT_FOLD:
+        return TORCH_CONSTANT_FOLD[fn](tx, args, kwargs)
+    if isinstance(fn, functools.partial):
+        inner = tx.out.builder.wrap_sourceless(fn.func)
+        pargs = [tx.out.builder.wrap_sourceless(a) for a in fn.args]
+        pkw = {k: tx.out.builder.wrap_sourceless(v) for k, v in fn.keywords.items()}
+        return tx.call(inner, pargs + list(args), {**pkw, **kwargs})
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                       types.WrapperDescriptorType, types.MethodDescriptorType)):
+        mod = _module_of(fn) or getattr(getattr(fn, "__self__", None), "__name__", "")
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, types.ModuleType):
+            mod = owner.__name__
+        if (mod in PURE_MODULES or mod == "builtins") and all(tx.is_python_constant(a) for a in args) and \
+                all(tx.is_python_constant(v) for v in kwargs.values()) and fn not in _IMPURE_BUILTINS:
+            return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
+        if mod == "builtins" or fn in _IMPURE_BUILTINS:
+            raise GraphBreak("GB0001", f"builtin `{fn.__name__}` with argument types "
+                                       f"{[a.python_type().__name__ if not isinstance(a, ObjectVariable) else type(a.value).__name__ for a in args]}")
+        raise GraphBreak("GB0002", f"{mod}.{getattr(fn, '__qualname__', fn)}")
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType) and not _is_torch(type(fn)):
+        return call_python_function(tx, call, [fnv] + list(args), kwargs, None)
+    raise GraphBreak("GB0013", f"call of {type(fn).__name__}")
+
+
+_IMPURE_BUILTINS = {print, input, open, id, exec, eval, compile, globals, locals, vars, dir, help, breakpoint,
+                    __import__, exit, quit} if hasattr(builtins, "exit") else {print, input, open}
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def call_module(tx, mv: ObjectVariable, args, kwargs):
+    m = mv.value
+    from torch.nn.modules import module as module_mod
+    if m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None) or \
+            getattr(m, "_backward_pre_hooks", None) or module_mod._global_forward_hooks or \
+            module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks or \
+            getattr(module_mod, "_global_backward_pre_hooks", None):
+        raise GraphBreak("GB0014", type(m).__name__)
+    forward = type(m).forward
+    if not isinstance(forward, types.FunctionType):
+        raise GraphBreak("GB0013", f"{type(m).__name__}.forward is not a Python function")
+    if type(m).__call__ is not torch.nn.Module.__call__ and isinstance(type(m).__call__, types.FunctionType) and \
+            not _is_torch(type(m).__call__):
+        return call_python_function(tx, type(m).__call__, [mv] + list(args), kwargs, None)
+    if "forward" in m.__dict__:
+        raise GraphBreak("GB0013", "module with an instance-level forward")
+    return inline_user_function(tx, forward, [mv] + list(args), kwargs, None)
+
+
+def call_class(tx, clsv: ObjectVariable, args, kwargs):
+    cls = clsv.value
+    if cls in (torch.no_grad, torch.enable_grad):
+        if args or kwargs:
+            raise GraphBreak("GB0011", f"{cls.__name__} with arguments")
+        return GradModeVariable(cls is torch.enable_grad, tx.out.grad_enabled, False)
+    if cls is torch.set_grad_enabled:
+        mode = tx.as_python(args[0] if args else kwargs["mode"])
+        prev = tx.out.grad_enabled
+        tx.out.set_grad_enabled(bool(mode))
+        return GradModeVariable(bool(mode), prev, True)
+    if cls is torch.inference_mode:
+        raise GraphBreak("GB0011", "torch.inference_mode")
+    handler = BUILTIN_CLASSES.get(cls)
+    if handler is not None:
+        return handler(tx, args, kwargs)
+    if cls is super:
+        if args:
+            return SuperVariable(tx.as_python(args[0]), args[1])
+        # zero-argument super(): __class__ cell and the first argument of the frame
+        cell = tx.cells.get("__class__")
+        first = tx.code.co_varnames[0] if tx.code.co_argcount else None
+        if cell is None or first is None:
+            raise GraphBreak("GB0011", "super() without __class__")
+        klass = tx.as_python(cell.value)
+        self_vt = tx.locals.get(first) or (tx.cells[first].value if first in tx.cells else None)
+        return SuperVariable(klass, self_vt)
+    if issubclass(cls, BaseException):
+        return ExceptionVariable(cls, list(args))
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return make_namedtuple(tx, cls, args, kwargs)
+    if _is_torch(cls) or cls in (torch.Tensor, torch.nn.Parameter):
+        if cls in (torch.device, torch.dtype, torch.Size) or issubclass(cls, torch.Size):
+            return tx.const_apply(cls, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
+        raise GraphBreak("GB0013", f"construction of {cls.__module__}.{cls.__qualname__}")
+    if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+        raise GraphBreak("GB0013", f"creating an nn.Module ({cls.__name__}) inside the compiled region")
+    if cls.__module__ == "builtins" or type(cls) is not type and not dataclasses.is_dataclass(cls):
+        if all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values()) \
+                and cls.__module__ in ("builtins",) + PURE_MODULES:
+            return tx.const_apply(cls, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
+        raise GraphBreak("GB0013", f"construction of {cls.__qualname__}")
+    if cls.__new__ is not object.__new__ or getattr(cls, "__slots__", None) is not None and \
+            not dataclasses.is_dataclass(cls):
+        raise GraphBreak("GB0013", f"class {cls.__qualname__} with a custom __new__ or __slots__")
+    obj = ObjectVariable(None, cls=cls, is_new=True)
+    init = cls.__init__
+    if init is not object.__init__:
+        if not isinstance(init, types.FunctionType):
+            raise GraphBreak("GB0013", f"{cls.__qualname__}.__init__ is not Python")
+        call_python_function(tx, init, [obj] + list(args), kwargs, None)
+    elif args or kwargs:
+        raise tx.exception(TypeError, f"{cls.__name__}() takes no arguments")
+    return obj
+
+
+def make_namedtuple(tx, cls, args, kwargs):
+    fields = cls._fields
+    defaults = getattr(cls, "_field_defaults", {})
+    values = list(args)
+    if len(values) > len(fields):
+        raise tx.exception(TypeError, f"{cls.__name__} takes {len(fields)} arguments")
+    for f in fields[len(values):]:
+        if f in kwargs:
+            values.append(kwargs[f])
+        elif f in defaults:
+            values.append(wrap_constant(defaults[f]))
+        else:
+            raise tx.exception(TypeError, f"{cls.__name__} missing required argument: '{f}'")
+    return TupleVariable(values, cls=cls)
+
+
+# ---------------------------------------------------------------------- builtins
+
+
+def _items(tx, v):
+    return tx.unpack(v)
+
+
+def bi_len(tx, args, kwargs):
+    (v,) = args
+    if isinstance(v, (ListVariable, TupleVariable)):
+        return ConstantVariable(len(v.items))
+    if isinstance(v, (DictVariable, SetVariable)):
+        return ConstantVariable(len(v.items))
+    if isinstance(v, ConstantVariable):
+        return tx.const_apply(len, [v.value])
+    if isinstance(v, TensorVariable):
+        if v.fake.dim() == 0:
+            raise tx.exception(TypeError, "len() of a 0-d tensor")
+        return ConstantVariable(v.fake.shape[0])
+    if isinstance(v, ObjectVariable) and isinstance(v.value, torch.nn.Module):
+        return ConstantVariable(len(v.value))
+    if isinstance(v, ObjectVariable):
+        meth = getattr(v.cls, "__len__", None)
+        if isinstance(meth, types.FunctionType):
+            return tx.inline_function(meth, [v], {}, None)
+    raise GraphBreak("GB0011", f"len() of {type(v).__name__}")
+
+
+def _type_of(tx, v):
+    if isinstance(v, ObjectVariable):
+        return v.cls
+    if isinstance(v, TensorVariable):
+        return v.ptype
+    if isinstance(v, (FunctionVariable,)):
+        return type(v.fn)
+    return v.python_type()
+
+
+def bi_isinstance(tx, args, kwargs):
+    v, t = args
+    types_ = tx.as_python(t, "isinstance's second argument")
+    if isinstance(v, TensorVariable):
+        return ConstantVariable(issubclass(v.ptype, types_) if isinstance(types_, type) else
+                                any(issubclass(v.ptype, x) for x in types_))
+    if isinstance(v, ObjectVariable) and v.value is not None:
+        return ConstantVariable(isinstance(v.value, types_))
+    try:
+        pt = _type_of(tx, v)
+    except NotImplementedError:
+        raise GraphBreak("GB0011", f"isinstance of {type(v).__name__}") from None
+    return ConstantVariable(issubclass(pt, types_))
+
+
+def bi_issubclass(tx, args, kwargs):
+    return tx.const_apply(issubclass, [tx.as_python(a) for a in args])
+
+
+def bi_type(tx, args, kwargs):
+    if len(args) != 1:
+        raise GraphBreak("GB0013", "type() with 3 arguments")
+    return ObjectVariable(_type_of(tx, args[0]))
+
+
+def bi_getattr(tx, args, kwargs):
+    obj, name = args[0], tx.as_python(args[1])
+    if len(args) == 3:
+        from .interpreter import TracedException
+        try:
+            return tx.getattr(obj, name)
+        except TracedException as exc:
+            if issubclass(exc.exc.cls, AttributeError):
+                return args[2]
+            raise
+    return tx.getattr(obj, name)
+
+
+def bi_hasattr(tx, args, kwargs):
+    from .interpreter import TracedException
+    obj, name = args[0], tx.as_python(args[1])
+    try:
+        tx.getattr(obj, name)
+        present = True
+    except TracedException as exc:
+        if not issubclass(exc.exc.cls, AttributeError):
+            raise
+        present = False
+    if isinstance(obj, ObjectVariable) and obj.source is not None and not obj.attrs.get(name):
+        tx.out.add_guard("HASATTR", obj.source, (name, present))
+    return ConstantVariable(present)
+
+
+def bi_setattr(tx, args, kwargs):
+    tx.setattr(args[0], tx.as_python(args[1]), args[2])
+    return ConstantVariable(None)
+
+
+def bi_object_setattr(tx, args, kwargs):
+    obj, name, value = args
+    if isinstance(obj, ObjectVariable) and obj.is_new:
+        obj.attrs[tx.as_python(name)] = value
+        return ConstantVariable(None)
+    raise GraphBreak("GB0017", "object.__setattr__ on an existing object")
+
+
+def bi_range(tx, args, kwargs):
+    return ConstantVariable(range(*[tx.as_python(a) for a in args]))
+
+
+def bi_enumerate(tx, args, kwargs):
+    items = tx.unpack(args[0])
+    start = tx.as_python(args[1]) if len(args) > 1 else tx.as_python(kwargs.get("start", ConstantVariable(0)))
+    return IteratorVariable([TupleVariable([ConstantVariable(i + start), x]) for i, x in enumerate(items)])
+
+
+def bi_zip(tx, args, kwargs):
+    if kwargs.get("strict") is not None and tx.as_python(kwargs["strict"]):
+        seqs = [tx.unpack(a) for a in args]
+        if len({len(s) for s in seqs}) > 1:
+            raise tx.exception(ValueError, "zip() arguments have different lengths")
+    seqs = [tx.unpack(a) for a in args]
+    return IteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
+
+
+def bi_map(tx, args, kwargs):
+    fn = args[0]
+    seqs = [tx.unpack(a) for a in args[1:]]
+    return IteratorVariable([tx.call(fn, list(t), {}) for t in zip(*seqs)])
+
+
+def bi_filter(tx, args, kwargs):
+    fn, seq = args
+    items = tx.unpack(seq)
+    if isinstance(fn, ConstantVariable) and fn.value is None:
+        return IteratorVariable([x for x in items if tx.truth(x)])
+    return IteratorVariable([x for x in items if tx.truth(tx.call(fn, [x], {}))])
+
+
+def bi_reversed(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, DictVariable) or isinstance(v, SetVariable):
+        raise GraphBreak("GB0011", "reversed() of a dict")
+    return IteratorVariable(list(reversed(tx.unpack(v))))
+
+
+def bi_iter(tx, args, kwargs):
+    if len(args) != 1:
+        raise GraphBreak("GB0011", "iter() with a sentinel")
+    return tx.get_iter(args[0])
+
+
+def bi_next(tx, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorVariable):
+        raise GraphBreak("GB0011", f"next() on {type(it).__name__}")
+    v = it.next()
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise tx.exception(StopIteration, "")
+    return v
+
+
+def _sort_key(tx, v):
+    return tx.as_python(v, "a sort key")
+
+
+def bi_sorted(tx, args, kwargs):
+    items = tx.unpack(args[0])
+    key = kwargs.get("key")
+    reverse = tx.as_python(kwargs["reverse"]) if "reverse" in kwargs else False
+    if key is None or (isinstance(key, ConstantVariable) and key.value is None):
+        keys = [_sort_key(tx, x) for x in items]
+    else:
+        keys = [_sort_key(tx, tx.call(key, [x], {})) for x in items]
+    order = sorted(range(len(items)), key=lambda i: keys[i], reverse=reverse)
+    return ListVariable([items[i] for i in order])
+
+
+def _reduce(tx, op, items, start=None):
+    acc = start
+    for x in items:
+        acc = x if acc is None else tx.binary(op, acc, x)
+    return acc
+
+
+def bi_sum(tx, args, kwargs):
+    items = tx.unpack(args[0])
+    start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+    acc = start
+    for x in items:
+        acc = tx.binary(operator.add, acc, x)
+    return acc
+
+
+def _minmax(tx, args, kwargs, pick):
+    if len(args) == 1:
+        items = tx.unpack(args[0])
+    else:
+        items = list(args)
+    key = kwargs.get("key")
+    if not items:
+        if "default" in kwargs:
+            return kwargs["default"]
+        raise tx.exception(ValueError, "arg is an empty sequence")
+    if any(isinstance(x, TensorVariable) for x in items):
+        if key is not None:
+            raise GraphBreak("GB0010", "min/max with key over tensors")
+        fn = torch.maximum if pick is max else torch.minimum
+        acc = items[0]
+        for x in items[1:]:
+            if isinstance(acc, TensorVariable) and isinstance(x, TensorVariable):
+                raise GraphBreak("GB0003", "min/max of tensors compares their values")
+            raise GraphBreak("GB0003", "min/max of a tensor and a number compares values")
+        return acc
+    if key is not None:
+        keys = [tx.as_python(tx.call(key, [x], {})) for x in items]
+        best = pick(range(len(items)), key=lambda i: keys[i])
+        return items[best]
+    vals = [tx.as_python(x) for x in items]
+    best = pick(range(len(items)), key=lambda i: vals[i])
+    return items[best]
+
+
+def bi_min(tx, args, kwargs):
+    return _minmax(tx, args, kwargs, min)
+
+
+def bi_max(tx, args, kwargs):
+    return _minmax(tx, args, kwargs, max)
+
+
+def bi_any(tx, args, kwargs):
+    for x in tx.unpack(args[0]):
+        if tx.truth(x):
+            return ConstantVariable(True)
+    return ConstantVariable(False)
+
+
+def bi_all(tx, args, kwargs):
+    for x in tx.unpack(args[0]):
+        if not tx.truth(x):
+            return ConstantVariable(False)
+    return ConstantVariable(True)
+
+
+def bi_abs(tx, args, kwargs):
+    return tx.unary(operator.abs, args[0]) if isinstance(args[0], TensorVariable) else \
+        tx.const_apply(abs, [tx.as_python(args[0])])
+
+
+def bi_list(tx, args, kwargs):
+    return ListVariable(tx.unpack(args[0]) if args else [])
+
+
+def bi_tuple(tx, args, kwargs):
+    return TupleVariable(tx.unpack(args[0]) if args else [])
+
+
+def bi_dict(tx, args, kwargs):
+    d = DictVariable({})
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            d.items.update(src.items)
+        else:
+            for pair in tx.unpack(src):
+                k, v = tx.unpack(pair)
+                d.items[tx.dict_key(k)] = v
+    d.items.update(kwargs)
+    return d
+
+
+def bi_set(tx, args, kwargs):
+    s = SetVariable([])
+    if args:
+        for x in tx.unpack(args[0]):
+            tx.set_add(s, x)
+    return s
+
+
+def bi_frozenset(tx, args, kwargs):
+    s = bi_set(tx, args, kwargs)
+    s.cls = frozenset
+    return s
+
+
+def _scalar_conv(pytype):
+    def conv(tx, args, kwargs):
+        if args and isinstance(args[0], TensorVariable):
+            raise GraphBreak("GB0010", f"{pytype.__name__}() of a tensor")
+        return tx.const_apply(pytype, [tx.as_python(a, f"an argument of {pytype.__name__}()") for a in args],
+                              {k: tx.as_python(v) for k, v in kwargs.items()})
+    return conv
+
+
+def bi_str(tx, args, kwargs):
+    if args and isinstance(args[0], TensorVariable):
+        raise GraphBreak("GB0010", "str() of a tensor")
+    if args and isinstance(args[0], ObjectVariable) and args[0].value is not None and \
+            not isinstance(args[0].value, (type, types.FunctionType)):
+        raise GraphBreak("GB0011", "str() of an object")
+    return tx.const_apply(str, [tx.as_python(a) for a in args])
+
+
+def bi_repr(tx, args, kwargs):
+    if isinstance(args[0], (TensorVariable, ObjectVariable)):
+        raise GraphBreak("GB0011", "repr() of an object")
+    return tx.const_apply(repr, [tx.as_python(args[0])])
+
+
+def bi_callable(tx, args, kwargs):
+    v = args[0]
+    if isinstance(v, (FunctionVariable, NestedFunctionVariable, BoundMethodVariable)):
+        return ConstantVariable(True)
+    if isinstance(v, ObjectVariable) and v.value is not None:
+        return ConstantVariable(callable(v.value))
+    if isinstance(v, (ConstantVariable, TensorVariable, ListVariable, TupleVariable, DictVariable)):
+        return ConstantVariable(False)
+    raise GraphBreak("GB0011", "callable() of an object")
+
+
+def bi_print(tx, args, kwargs):
+    if print in config.reorderable_logging_functions:
+        return defer_logging_call(tx, print, args, kwargs)
+    raise GraphBreak("GB0001", f"builtin `print` with argument types {[_safe_tname(a) for a in args]}")
+
+
+def _safe_tname(a):
+    try:
+        return a.python_type().__name__
+    except Exception:
+        return type(a).__name__
+
+
+def bi_reduce(tx, args, kwargs):
+    fn, seq = args[0], args[1]
+    items = tx.unpack(seq)
+    if len(args) > 2:
+        acc = args[2]
+    else:
+        if not items:
+            raise tx.exception(TypeError, "reduce() of empty iterable with no initial value")
+        acc, items = items[0], items[1:]
+    for x in items:
+        acc = tx.call(fn, [acc, x], {})
+    return acc
+
+
+def bi_dataclass_fields(tx, args, kwargs):
+    v = args[0]
+    cls = v.cls if isinstance(v, ObjectVariable) and v.is_new else tx.as_python(v) if not isinstance(v, ObjectVariable) \
+        else (v.value if isinstance(v.value, type) else type(v.value))
+    return tx.out.builder.wrap_sourceless(dataclasses.fields(cls)) if False else \
+        TupleVariable([ObjectVariable(f) for f in dataclasses.fields(cls)])
+
+
+def bi_is_dataclass(tx, args, kwargs):
+    v = args[0]
+    t = v.cls if isinstance(v, ObjectVariable) else _type_of(tx, v)
+    return ConstantVariable(dataclasses.is_dataclass(t))
+
+
+def _operator_fn(op):
+    def apply(tx, args, kwargs):
+        if len(args) == 2:
+            return tx.binary(op, args[0], args[1])
+        return tx.unary(op, args[0])
+    return apply
+
+
+def op_getitem(tx, args, kwargs):
+    return tx.getitem(args[0], args[1])
+
+
+def op_setitem(tx, args, kwargs):
+    tx.setitem(args[0], args[1], args[2])
+    return ConstantVariable(None)
+
+
+def op_not(tx, args, kwargs):
+    return ConstantVariable(not tx.truth(args[0]))
+
+
+def op_truth(tx, args, kwargs):
+    return ConstantVariable(tx.truth(args[0]))
+
+
+def op_is(tx, args, kwargs):
+    return ConstantVariable(tx.is_same(args[0], args[1]))
+
+
+def op_contains(tx, args, kwargs):
+    return ConstantVariable(tx.contains(args[0], args[1]))
+
+
+def torch_is_grad_enabled(tx, args, kwargs):
+    return ConstantVariable(tx.out.grad_enabled)
+
+
+def torch_is_tensor(tx, args, kwargs):
+    return ConstantVariable(isinstance(args[0], TensorVariable))
+
+
+def torch_meta_fold(fn):
+    def fold(tx, args, kwargs):
+        return _const_fold_torch(tx, fn, args, kwargs)
+    return fold
+
+
+def namedtuple_replace(tx, args, kwargs):
+    self = args[0]
+    if not isinstance(self, TupleVariable) or not self.is_namedtuple():
+        raise GraphBreak("GB0011", "_replace on a non-namedtuple")
+    items = list(self.items)
+    for k, v in kwargs.items():
+        if k not in self.cls._fields:
+            raise tx.exception(ValueError, f"Got unexpected field names: {[k]!r}")
+        items[self.cls._fields.index(k)] = v
+    return TupleVariable(items, cls=self.cls)
+
+
+def namedtuple_asdict(tx, args, kwargs):
+    self = args[0]
+    return DictVariable(dict(zip(self.cls._fields, self.items)))
+
+
+SPECIAL_FUNCTIONS = {
+    len: bi_len, isinstance: bi_isinstance, issubclass: bi_issubclass, getattr: bi_getattr, hasattr: bi_hasattr,
+    setattr: bi_setattr, enumerate: None, zip: None, map: None, filter: None, reversed: None, iter: bi_iter,
+    next: bi_next, sorted: bi_sorted, sum: bi_sum, min: bi_min, max: bi_max, any: bi_any, all: bi_all, abs: bi_abs,
+    callable: bi_callable, print: bi_print, repr: bi_repr, functools.reduce: bi_reduce,
+    dataclasses.fields: bi_dataclass_fields, dataclasses.is_dataclass: bi_is_dataclass,
+    operator.getitem: op_getitem, operator.setitem: op_setitem, operator.not_: op_not, operator.truth: op_truth,
+    operator.is_: op_is, operator.contains: op_contains, object.__setattr__: bi_object_setattr,
+    torch.is_grad_enabled: torch_is_grad_enabled, torch.is_tensor: torch_is_tensor,
+}
+SPECIAL_FUNCTIONS = {k: v for k, v in SPECIAL_FUNCTIONS.items() if v is not None}
+for _op in (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
+            operator.matmul, operator.and_, operator.or_, operator.xor, operator.lshift, operator.rshift, operator.lt,
+            operator.le, operator.eq, operator.ne, operator.gt, operator.ge, operator.neg, operator.pos,
+            operator.invert, operator.iadd, operator.imul, operator.isub):
+    SPECIAL_FUNCTIONS[_op] = _operator_fn(_op)
+
+BUILTIN_CLASSES = {
+    range: bi_range, enumerate: bi_enumerate, zip: bi_zip, map: bi_map, filter: bi_filter, reversed: bi_reversed,
+    list: bi_list, tuple: bi_tuple, dict: bi_dict, set: bi_set, frozenset: bi_frozenset, int: _scalar_conv(int),
+    float: _scalar_conv(float), bool: _scalar_conv(bool), complex: _scalar_conv(complex), str: bi_str,
+    type: bi_type, slice: lambda tx, a, k: ConstantVariable(slice(*[tx.as_python(x) for x in a])),
+    object: lambda tx, a, k: ObjectVariable(None, cls=object, is_new=True),
+    collections.OrderedDict: bi_dict,
+}
+
+TORCH_CONSTANT_FOLD = {
+    torch.is_grad_enabled: torch_is_grad_enabled,
+    torch.is_tensor: torch_is_tensor,
+    torch.is_floating_point: torch_meta_fold(torch.is_floating_point),
+    torch.is_complex: torch_meta_fold(torch.is_complex),
+    torch.numel: torch_meta_fold(torch.numel),
+    torch.get_default_dtype: torch_meta_fold(torch.get_default_dtype),
+    torch.is_inference_mode_enabled: torch_meta_fold(torch.is_inference_mode_enabled),
+    torch.typename: torch_meta_fold(torch.typename),
+}
+
+
+def install_namedtuple_specials():
+    # namedtuple methods are generated per class; dispatch them by name in containers.py
+    pass

@@ -1,0 +1,213 @@
+"""The state one capture attempt builds: the FX graph over FakeTensors, its inputs (with
+sources), the guards, the side effects to replay, and the traced global state."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx
+
+from ..guards import Guard, TensorMeta, global_state
+from . import fake as fakemod
+from .builder import Builder
+from .graph_breaks import GraphBreak
+from .source import AttrSource, Source
+from .variables import ObjectVariable, TensorVariable, VariableTracker
+
+try:
+    from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                               UnsupportedOperatorException)
+    _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException)
+    _UNSUPPORTED_OP = (UnsupportedOperatorException,)
+except ImportError:  # pragma: no cover
+    _DATA_DEPENDENT = ()
+    _UNSUPPORTED_OP = ()
+
+# Graph nodes kept even when their result is unused: they mutate or change global state.
+_SIDE_EFFECT_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, operator.iadd, operator.isub, operator.imul,
+                          operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
+                          operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul}
+
+
+def _is_mutating(node: torch.fx.Node) -> bool:
+    if node.op == "call_method":
+        name = node.target
+        return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__",)
+    if node.op == "call_function":
+        if node.target in _SIDE_EFFECT_FUNCTIONS:
+            return True
+        name = getattr(node.target, "__name__", "")
+        if "out" in node.kwargs:
+            return True
+        return name.endswith("_") and not name.endswith("__")
+    return False
+
+
+class OutputGraph:
+    def __init__(self, f_code, user_globals: dict):
+        self.graph = torch.fx.Graph()
+        self.tracer = torch.fx.proxy.GraphAppendingTracer(self.graph)
+        self.fake_mode = fakemod.new_fake_mode()
+        self.builder = Builder(self)
+        self.guards: dict[Any, Guard] = {}
+        self.memo: dict[int, VariableTracker] = {}
+        self._keepalive: list = []
+        self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []
+        self.constant_tensors: dict[str, torch.Tensor] = {}
+        self.tensor_sources: dict[int, Source] = {}
+        self.module_sources: dict[int, Source] = {}
+        self.mutated: list[VariableTracker] = []        # existing lists/dicts/objects mutated, in order
+        self.global_stores: dict[str, VariableTracker] = {}
+        self.grad_enabled = torch.is_grad_enabled()
+        self.initial_state = global_state()
+        self.user_frame: Optional[tuple] = None  # (filename, lineno, name, line) of the instruction traced now
+        self.user_stack: list = []
+        self._last_placeholder: Optional[torch.fx.Node] = None
+        self.f_code = f_code
+        self.user_globals = user_globals
+        self.add_guard("GLOBAL_STATE", None, self.initial_state)
+
+    # ------------------------------------------------------------------ guards & identity
+
+    def add_guard(self, kind: str, source, expected) -> None:
+        src = "" if source is None else (source if isinstance(source, str) else source.name())
+        if kind == "TENSOR_MATCH":
+            expected = TensorMeta.of(expected)
+        g = Guard(kind, src, expected, self.user_frame)
+        key = g.key()
+        if key not in self.guards:
+            self.guards[key] = g
+
+    def guard_list(self) -> list[Guard]:
+        return list(self.guards.values())
+
+    def remember(self, value, vt) -> None:
+        self.memo[id(value)] = vt
+        self._keepalive.append(value)
+
+    def register_module_tree(self, module: torch.nn.Module, source: Source) -> None:
+        """Record a source for every submodule, parameter and buffer, so that one reached
+        through a path without a source (a slice of a Sequential, an iteration) still gets
+        the guarded source of its owner."""
+        stack = [(module, source)]
+        while stack:
+            mod, src = stack.pop()
+            if id(mod) in self.module_sources and mod is not module:
+                continue
+            self.module_sources.setdefault(id(mod), src)
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    self.tensor_sources.setdefault(id(p), AttrSource(src, name))
+            for name, b in mod._buffers.items():
+                if b is not None:
+                    self.tensor_sources.setdefault(id(b), AttrSource(src, name))
+            for name, child in mod._modules.items():
+                if child is not None:
+                    stack.append((child, AttrSource(src, name)))
+
+    # ------------------------------------------------------------------ graph inputs
+
+    def add_graph_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        name = source.graph_input_name()
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        fake = fakemod.make_fake(self.fake_mode, value, source)
+        node.meta["example_value"] = fake
+        node.meta["val"] = fake
+        node.meta["source"] = source.name()
+        proxy = torch.fx.Proxy(node, self.tracer)
+        vt = TensorVariable(proxy, fake, source, type(value))
+        self.inputs.append((source, value, vt))
+        return vt
+
+    def add_constant_tensor(self, value: torch.Tensor) -> TensorVariable:
+        """A tensor with no source (e.g. created by library code at trace time): kept on the
+        graph module as an attribute."""
+        name = f"_tensor_constant{len(self.constant_tensors)}"
+        self.constant_tensors[name] = value
+        node = self.graph.get_attr(name)
+        fake = fakemod.make_fake(self.fake_mode, value)
+        node.meta["example_value"] = fake
+        node.meta["val"] = fake
+        vt = TensorVariable(torch.fx.Proxy(node, self.tracer), fake, None, type(value))
+        self.remember(value, vt)
+        return vt
+
+    # ------------------------------------------------------------------ graph ops
+
+    def _stack_trace(self) -> str:
+        lines = []
+        for filename, lineno, name, line in self.user_stack or ([self.user_frame] if self.user_frame else []):
+            lines.append(f'  File "{filename}", line {lineno}, in {name}\n    {line.strip() if line else ""}\n')
+        return "".join(lines)
+
+    def call_op(self, kind: str, target, args: tuple, kwargs: dict):
+        """Run the op on FakeTensors, then record it. Returns (proxy, fake result)."""
+        from .tensor_ops import to_fake, to_proxy
+
+        fargs, fkwargs = to_fake(args), to_fake(kwargs)
+        try:
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+                if kind == "call_method":
+                    result = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+                else:
+                    result = target(*fargs, **fkwargs)
+        except _DATA_DEPENDENT as exc:
+            raise GraphBreak("GB0008", f"{_target_name(target)}: {type(exc).__name__}") from None
+        except GraphBreak:
+            raise
+        except Exception as exc:
+            raise GraphBreak("GB0009", f"{_target_name(target)} raised {type(exc).__name__}: "
+                                       f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
+        proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)
+        proxy.node.meta["example_value"] = result
+        if isinstance(result, torch.Tensor):
+            proxy.node.meta["val"] = result
+        proxy.node.meta["stack_trace"] = self._stack_trace()
+        return proxy, result
+
+    def set_grad_enabled(self, mode: bool) -> None:
+        if mode != self.grad_enabled:
+            proxy = self.tracer.create_proxy("call_function", torch._C._set_grad_enabled, (mode,), {})
+            proxy.node.meta["stack_trace"] = self._stack_trace()
+        self.grad_enabled = mode
+
+    # ------------------------------------------------------------------ finishing
+
+    def op_nodes(self) -> list:
+        return [n for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+
+    def dead_code_elimination(self, keep: set) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for node in reversed(list(self.graph.nodes)):
+                if node.op in ("placeholder", "output") or node in keep:
+                    continue
+                if node.users or _is_mutating(node):
+                    continue
+                self.graph.erase_node(node)
+                changed = True
+
+    def note_mutation(self, vt: VariableTracker) -> None:
+        if vt.source is None:
+            return  # created during the trace: rebuilt as a whole
+        if vt not in self.mutated:
+            self.mutated.append(vt)
+
+
+def _target_name(target) -> str:
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{mod}.{name}" if mod and not mod.startswith("builtins") else name

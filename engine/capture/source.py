@@ -1,0 +1,85 @@
+"""Sources: where a value the capture read came from, as a Python expression over the
+frame's locals `L` and globals `G` (`L['x']`, `G['w']`, `L['self'].layer.weight`).
+Guards and the generated code both evaluate these strings."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    def name(self) -> str:  # the expression, valid Python given dicts L and G
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.name()
+
+    def graph_input_name(self) -> str:
+        """`L['self'].layer.weight` -> `L_self_layer_weight_`, like PyTorch's placeholder names."""
+        text = re.sub(r"[^0-9a-zA-Z_]+", "_", self.name())
+        return text if text.endswith("_") else text + "_"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalSource(Source):
+    local: str
+
+    def name(self) -> str:
+        return f"L[{self.local!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalSource(Source):
+    global_name: str
+
+    def name(self) -> str:
+        return f"G[{self.global_name!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    member: str
+
+    def name(self) -> str:
+        if self.member.isidentifier():
+            return f"{self.base.name()}.{self.member}"
+        return f"getattr({self.base.name()}, {self.member!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class GetItemSource(Source):
+    base: Source
+    index: object  # int or str (a constant key)
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.index!r}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltinSource(Source):
+    """A builtin such as `print`, read through the globals' `__builtins__`."""
+
+    builtin: str
+
+    def name(self) -> str:
+        return f"__builtins__[{self.builtin!r}]"
+
+
+def base_of(source: Source) -> Source:
+    while isinstance(source, (AttrSource, GetItemSource)):
+        source = source.base
+    return source
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleGlobalSource(Source):
+    """A global of another module (a function inlined from it reads its globals)."""
+
+    module: str
+    global_name: str
+
+    def name(self) -> str:
+        return f"sys.modules[{self.module!r}].__dict__[{self.global_name!r}]"

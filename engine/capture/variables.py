@@ -1,0 +1,248 @@
+"""Variable trackers: what the symbolic interpreter knows about each value on its stack
+and in its locals. Plain classes; the behaviour (calls, attribute reads, operators) lives
+in the interpreter, which dispatches on these types."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from .source import Source
+
+
+class VariableTracker:
+    source: Optional[Source] = None
+
+    def python_type(self) -> type:
+        raise NotImplementedError(type(self).__name__)
+
+    def is_constant(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NullVariable(VariableTracker):
+    """The NULL CPython pushes below a callable (PUSH_NULL, LOAD_GLOBAL/LOAD_ATTR with the
+    low bit set)."""
+
+
+NULL = NullVariable()
+
+
+class ConstantVariable(VariableTracker):
+    """An immutable Python value known at trace time (int, float, str, None, dtype, device,
+    torch.Size, range, slice, tuples of these, ...)."""
+
+    def __init__(self, value: Any, source: Optional[Source] = None):
+        self.value = value
+        self.source = source
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_constant(self):
+        return True
+
+    def __repr__(self):
+        return f"ConstantVariable({self.value!r})"
+
+
+class TensorVariable(VariableTracker):
+    def __init__(self, proxy, fake: torch.Tensor, source: Optional[Source] = None, ptype: type = torch.Tensor):
+        self.proxy = proxy
+        self.fake = fake
+        self.source = source
+        self.ptype = ptype
+
+    def python_type(self):
+        return self.ptype
+
+    def __repr__(self):
+        return f"TensorVariable({self.proxy.node.name})"
+
+
+class ListVariable(VariableTracker):
+    def __init__(self, items: list, source: Optional[Source] = None):
+        self.items = list(items)
+        self.source = source
+
+    def python_type(self):
+        return list
+
+    def __repr__(self):
+        return f"ListVariable({self.items!r})"
+
+
+class TupleVariable(VariableTracker):
+    def __init__(self, items, source: Optional[Source] = None, cls: type = tuple):
+        self.items = list(items)
+        self.source = source
+        self.cls = cls  # tuple, a namedtuple class, or a torch.return_types structseq
+
+    def python_type(self):
+        return self.cls
+
+    def is_namedtuple(self) -> bool:
+        return self.cls is not tuple and hasattr(self.cls, "_fields")
+
+    def __repr__(self):
+        return f"TupleVariable({self.items!r})"
+
+
+class DictVariable(VariableTracker):
+    """Keys are Python constants (hashable values); values are variables."""
+
+    def __init__(self, items: dict, source: Optional[Source] = None, cls: type = dict):
+        self.items = dict(items)
+        self.source = source
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+
+class SetVariable(VariableTracker):
+    """A set of Python constants."""
+
+    def __init__(self, items, source: Optional[Source] = None, cls: type = set):
+        self.items = list(items)  # constant values, insertion order kept for determinism
+        self.source = source
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+
+class IteratorVariable(VariableTracker):
+    """An iterator over a known, finite sequence of variables."""
+
+    def __init__(self, items: list):
+        self.items = list(items)
+        self.index = 0
+
+    def python_type(self):
+        return type(iter([]))
+
+    def next(self):
+        if self.index >= len(self.items):
+            return None
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+
+class FunctionVariable(VariableTracker):
+    """A real Python function object (inlined when called)."""
+
+    def __init__(self, fn, source: Optional[Source] = None):
+        self.fn = fn
+        self.source = source
+
+    def python_type(self):
+        return type(self.fn)
+
+    def __repr__(self):
+        return f"FunctionVariable({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+class NestedFunctionVariable(VariableTracker):
+    """A function made by MAKE_FUNCTION during the trace (closure, lambda, comprehension)."""
+
+    def __init__(self, code, f_globals: dict, globals_source, qualname: str, defaults, kwdefaults, closure,
+                 module_name: Optional[str] = None):
+        self.code = code
+        self.f_globals = f_globals
+        self.globals_source = globals_source
+        self.qualname = qualname
+        self.defaults = defaults      # TupleVariable or None
+        self.kwdefaults = kwdefaults  # DictVariable or None
+        self.closure = closure        # tuple of CellVariable or None
+        self.module_name = module_name
+
+    def python_type(self):
+        return type(lambda: None)
+
+
+class CellVariable(VariableTracker):
+    _EMPTY = object()
+
+    def __init__(self, value=None, source: Optional[Source] = None):
+        self.value = value  # a VariableTracker or None when empty
+        self.source = source
+
+
+class ObjectVariable(VariableTracker):
+    """Any other Python object known at trace time: modules, classes, builtins, torch
+    functions, nn.Modules, user objects. `value` is the real object (None for objects
+    created during the trace, which have `cls` and only `attrs`). Attribute stores made by
+    the traced code are kept in `attrs` and replayed after the graph."""
+
+    def __init__(self, value: Any, source: Optional[Source] = None, cls: Optional[type] = None, is_new: bool = False):
+        self.value = value
+        self.source = source
+        self.cls = cls if cls is not None else type(value)
+        self.is_new = is_new
+        self.attrs: dict[str, VariableTracker] = {}
+        self.deleted: set[str] = set()
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        return f"ObjectVariable({self.cls.__name__}{'' if self.source is None else ' ' + self.source.name()})"
+
+
+class BoundMethodVariable(VariableTracker):
+    """`obj.method` where obj is a variable: a Python function bound to it, or a method
+    looked up by name on a tensor / constant / container."""
+
+    def __init__(self, obj: VariableTracker, name: str, fn: Any = None):
+        self.obj = obj
+        self.name = name
+        self.fn = fn  # the underlying Python function for user methods, else None
+
+    def python_type(self):
+        return type(print)
+
+
+class GradModeVariable(VariableTracker):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(mode) as a context manager."""
+
+    def __init__(self, target: bool, prev: bool, applied_on_create: bool):
+        self.target = target
+        self.prev = prev
+        self.applied_on_create = applied_on_create
+
+    def python_type(self):
+        return torch.set_grad_enabled
+
+
+class WithExitVariable(VariableTracker):
+    """The __exit__ that BEFORE_WITH pushes."""
+
+    def __init__(self, ctx: VariableTracker):
+        self.ctx = ctx
+
+
+class ExceptionVariable(VariableTracker):
+    """An exception instance created by the traced code."""
+
+    def __init__(self, cls: type, args: list):
+        self.cls = cls
+        self.args = args
+
+    def python_type(self):
+        return self.cls
+
+
+class SuperVariable(VariableTracker):
+    def __init__(self, cls: type, obj: VariableTracker):
+        self.cls = cls
+        self.obj = obj
+
+
+def is_const(v) -> bool:
+    return isinstance(v, ConstantVariable)

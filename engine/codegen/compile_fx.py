@@ -1,0 +1,175 @@
+"""compile_fx_graph: aten FX graph -> a callable running generated kernels.
+
+lowering (graph.py, lowerings.py) -> scheduling and fusion (scheduler.py) -> C++ kernels
+(cpp.py) and the Python wrapper (wrapper.py) -> one shared library (cache.py). Anything the
+codegen cannot handle falls back: an unlowered op to an extern aten call, a graph it cannot
+compile at all to running the aten graph as it is; both are reported on perf_hints."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import traceback
+import types
+
+import torch
+from torch.utils import _pytree as pytree
+
+import observe
+
+from . import values as V
+from .cpp import PRELUDE, render_kernel
+from .graph import GraphLowering, Unsupported
+from .ir import ExternKernel, format_node
+from .runtime import LayoutMismatch
+from .scheduler import FusedKernel, schedule
+from .wrapper import generate
+
+_graph_counter = [0]
+
+
+class CompiledGraph:
+    """The callable handed back to AOT: call(*args) -> the graph's outputs."""
+
+    def __init__(self, gm, call, out_spec, wrapper_source, n_kernels, n_externs, fallback_reason=None,
+                 artifacts=None):
+        self.gm = gm
+        self._call = call
+        self.out_spec = out_spec
+        self.source = wrapper_source
+        self.n_kernels = n_kernels
+        self.n_externs = n_externs
+        self.fallback_reason = fallback_reason
+        self.artifacts = artifacts or {}
+        self.extern_ops: list = []
+        self.fallback_ops: list = []
+
+    def __call__(self, *args):
+        if self._call is None:
+            return self.gm(*args)
+        try:
+            outs = self._call(list(args))
+        except LayoutMismatch:
+            _hint("an input mutated in place arrived with other strides than at compile time: "
+                  "running the aten graph for this call")
+            return self.gm(*args)
+        return pytree.tree_unflatten(outs, self.out_spec)
+
+
+def _hint(msg, *args):
+    observe.emit("artifact", {"name": "perf_hints", "encoding": "string"}, lambda: msg % args if args else msg,
+                 log="perf_hints")
+
+
+def graph_key(gm, example_inputs) -> str:
+    meta = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            meta.append((str(x.dtype), tuple(map(str, x.shape)), tuple(map(str, x.stride()))))
+        else:
+            meta.append(repr(type(x)))
+    return hashlib.sha256((gm.code + repr(meta)).encode()).hexdigest()[:16]
+
+
+def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
+    _graph_counter[0] += 1
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    _, out_spec = pytree.tree_flatten(out_node.args[0])
+    try:
+        return _compile(gm, example_inputs, out_spec)
+    except Exception as exc:   # never a wrong result: run the aten graph as it is
+        reason = f"{type(exc).__name__}: {exc}"
+        observe.log("inductor", logging.WARNING if not isinstance(exc, Unsupported) else logging.INFO,
+                    "codegen could not compile this graph, running its aten ops: %s", reason)
+        observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
+        _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
+        return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
+
+
+def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
+    key = graph_key(gm, example_inputs)
+    with observe.stage("lowering"):
+        g = GraphLowering(gm, example_inputs).run()
+    ir_pre = "\n\n".join(format_node(n) for n in g.nodes)
+    for op in g.fallback_ops:
+        _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
+
+    output_buffers = set()
+    for o in g.outputs:
+        view = g.as_strided(o) if hasattr(o, "loader") else None
+        if view is not None:
+            output_buffers.add(view[0])
+    graph_inputs = {b.name for b in g.inputs if b is not None}
+    sched = schedule(g.nodes, output_buffers, graph_inputs)
+    observe.emit("artifact", {"name": "schedule", "encoding": "string"},
+                 lambda: "\n".join(sched.log), log="schedule")
+
+    with observe.stage("codegen"):
+        kernel_sigs, kernel_srcs = {}, []
+        for step in sched.steps:
+            if isinstance(step, FusedKernel):
+                src, bufs, syms, written = render_kernel(step, g.buffer_layouts)
+                kernel_sigs[step.name] = (bufs, syms, written)
+                kernel_srcs.append(src)
+                observe.emit("artifact", {"name": "kernel_code", "kernel": step.name, "encoding": "string"},
+                             (lambda s=src, n=step.name: f"# kernel {n}\n{s}"), log="kernel_code")
+                _kernel_hints(step, g)
+        cpp_source = PRELUDE + "\n" + "\n".join(kernel_srcs)
+        wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key)
+    observe.emit("inductor_output_code", {"filename": f"output_code_{key}.py"}, lambda: wrapper_src,
+                 log="output_code")
+    module = types.ModuleType(f"engine_codegen_graph_{key}")
+    module.__file__ = f"<engine codegen graph {key}>"
+    code = compile(wrapper_src, module.__file__, "exec")
+    exec(code, module.__dict__)      # compiles (or loads from the cache) the kernels
+    for name, value in g.constants.items():
+        setattr(module, name, value)
+    ir_post = _post_fusion_text(sched)
+    artifacts = {
+        "fx_graph_transformed.py": gm.print_readable(print_output=False),
+        "ir_pre_fusion.txt": ir_pre + "\n",
+        "ir_post_fusion.txt": ir_post,
+        "output_code.py": wrapper_src,
+    }
+    V.reset()
+    n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
+    compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, len(kernel_sigs), n_externs,
+                             artifacts=artifacts)
+    compiled.extern_ops = list(g.extern_ops)
+    compiled.fallback_ops = list(g.fallback_ops)
+    _last[0] = compiled
+    return compiled
+
+
+def _kernel_hints(fk: FusedKernel, g: GraphLowering):
+    for m in fk.members:
+        if m.name in fk.stored and not m.buf.layout.is_contiguous():
+            _hint("%s in %s is stored with non-contiguous strides %s", m.name, fk.name, list(m.buf.layout.strides))
+    if fk.outer == () and any(ph.reduction for ph in fk.phases):
+        _hint("%s reduces to a single value on one thread (no outer loop to parallelize)", fk.name)
+
+
+def _post_fusion_text(sched) -> str:
+    out = []
+    for step in sched.steps:
+        if isinstance(step, ExternKernel):
+            out.append(format_node(step))
+            continue
+        out.append(f"{step.name}: outer={list(step.outer)} stores={sorted(step.stored)}")
+        for p, ph in enumerate(step.phases):
+            out.append(f"  phase {p} inner={list(ph.inner)}{' (reduction)' if ph.reduction else ''}")
+            for m in ph.members:
+                kind = m.buf.data.reduction_type if m.buf.is_reduction else "pointwise"
+                where = "stored" if m.name in step.stored else "registers"
+                out.append(f"    {m.name} [{kind}, {where}] = {m.value!r}")
+    return "\n".join(out) + "\n"
+
+
+_last = [None]
+
+
+def debug_files(compiled=None) -> dict:
+    """The TORCH_COMPILE_DEBUG files of a compiled graph (the last one by default):
+    fx_graph_transformed.py, ir_pre_fusion.txt, ir_post_fusion.txt, output_code.py."""
+    compiled = compiled if compiled is not None else _last[0]
+    return dict(compiled.artifacts) if compiled is not None else {}

@@ -1,0 +1,395 @@
+"""The C++ emitter: renders a FusedKernel as one `extern "C"` function with OpenMP
+parallel outer loops and `#pragma omp simd` inner loops. All kernels of a graph go in one
+translation unit, compiled once (cache.py)."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from . import values as V
+from .index import FloorDiv, IMod, numel
+from .scheduler import FusedKernel
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.bfloat16: "uint16_t", torch.float16: "_Float16",
+}
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstdlib>
+#include <limits>
+
+template <typename T> static inline T max_prop(T a, T b) { if (a != a) return a; if (b != b) return b; return a > b ? a : b; }
+template <typename T> static inline T min_prop(T a, T b) { if (a != a) return a; if (b != b) return b; return a < b ? a : b; }
+template <typename T> static inline T relu_prop(T a) { return (a != a || a > T(0)) ? a : T(0); }
+static inline float bf16_to_float(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u); return uint16_t(u >> 16);
+}
+template <typename T> static inline T py_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    if (b == T(0)) return a / b;
+    T m = std::fmod(a, b); T d = (a - m) / b;
+    if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
+    if (d == T(0)) return std::copysign(T(0), a / b);
+    T fd = std::floor(d); if (d - fd > T(0.5)) fd += T(1); return fd;
+  } else {
+    T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q;
+  }
+}
+template <typename T> static inline T py_mod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T m = std::fmod(a, b); if (m != T(0) && ((b < T(0)) != (m < T(0)))) m += b; return m;
+  } else {
+    T m = a % b; if (m != 0 && ((b < 0) != (m < 0))) m += b; return m;
+  }
+}
+template <typename T> static inline T ipow(T a, T b) { T r = 1; while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+template <typename T> static inline T sign_of(T a) { return T((T(0) < a) - (a < T(0))); }
+"""
+
+
+def cpp_index(e) -> str:
+    """Print a sympy index expression as C++ (int64_t arithmetic)."""
+    e = sympy.sympify(e)
+    if e.is_Integer:
+        return f"{int(e)}L" if abs(int(e)) > 2**31 - 1 else str(int(e))
+    if e.is_Symbol:
+        return str(e)
+    if isinstance(e, FloorDiv):
+        return f"({cpp_index(e.args[0])} / {cpp_index(e.args[1])})"
+    if isinstance(e, IMod):
+        return f"({cpp_index(e.args[0])} % {cpp_index(e.args[1])})"
+    if e.is_Add:
+        terms = [cpp_index(a) for a in sympy.Add.make_args(e)]
+        return "(" + " + ".join(terms) + ")"
+    if e.is_Mul:
+        coeff, rest = e.as_coeff_Mul()
+        if coeff == -1:
+            return f"(-{cpp_index(rest)})"
+        return "(" + " * ".join(cpp_index(a) for a in e.args) + ")"
+    if isinstance(e, sympy.floor):
+        arg = e.args[0]
+        num, den = sympy.fraction(sympy.together(arg))
+        return f"({cpp_index(num)} / {cpp_index(den)})"
+    if isinstance(e, sympy.Max):
+        return f"std::max<int64_t>({cpp_index(e.args[0])}, {cpp_index(sympy.Max(*e.args[1:]))})"
+    if isinstance(e, sympy.Min):
+        return f"std::min<int64_t>({cpp_index(e.args[0])}, {cpp_index(sympy.Min(*e.args[1:]))})"
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([cpp_index(e.base)] * int(e.exp)) + ")"
+    raise NotImplementedError(f"index expression {e}")
+
+
+def cpp_const(value, dtype) -> str:
+    ct = CTYPES[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        if math.isnan(value):
+            return f"std::numeric_limits<{ct}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'-' if value < 0 else ''}std::numeric_limits<{ct}>::infinity()"
+        return f"{ct}({value!r})"
+    if value == -(2**63):
+        return "std::numeric_limits<int64_t>::lowest()"
+    return f"{ct}({value}L)" if abs(value) > 2**31 - 1 else f"{ct}({value})"
+
+
+_UNARY = {
+    "neg": "(-{0})", "abs": "std::abs({0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})", "log10": "std::log10({0})",
+    "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})", "rsqrt": "({T}(1) / std::sqrt({0}))",
+    "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
+    "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
+    "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})",
+    "erf": "std::erf({0})", "erfc": "std::erfc({0})", "lgamma": "std::lgamma({0})",
+    "sigmoid": "({T}(1) / ({T}(1) + std::exp(-{0})))", "reciprocal": "({T}(1) / {0})",
+    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})", "sign": "sign_of<{T}>({0})", "isnan": "({0} != {0})",
+    "isinf": "(std::abs({0}) == std::numeric_limits<{A}>::infinity())", "signbit": "std::signbit({0})",
+    "logical_not": "(!{0})", "relu": "relu_prop<{T}>({0})",
+}
+_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "floordiv": "py_floordiv<{T}>({0}, {1})", "remainder": "py_mod<{T}>({0}, {1})",
+    "maximum": "max_prop<{T}>({0}, {1})", "minimum": "min_prop<{T}>({0}, {1})",
+    "atan2": "std::atan2({0}, {1})", "copysign": "std::copysign({0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})", "logical_or": "({0} || {1})",
+    "logical_xor": "(bool({0}) != bool({1}))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})",
+}
+
+
+class Scope:
+    """Emitted statements with a value cache; a child scope sees its parent's values."""
+
+    def __init__(self, parent=None, indent=""):
+        self.parent = parent
+        self.cache: dict = {}
+        self.lines: list[str] = []
+        self.indent = indent
+
+    def lookup(self, v):
+        s = self
+        while s is not None:
+            if id(v) in s.cache:
+                return s.cache[id(v)]
+            s = s.parent
+        return None
+
+
+class CppKernel:
+    def __init__(self, fk: FusedKernel, layouts: dict, local_ok):
+        self.fk = fk
+        self.layouts = layouts          # buffer -> Layout
+        self.params: dict = {}          # storage buffer -> param name
+        self.written: set = set()
+        self.counter = 0
+        self.locals: dict = {}          # buffer -> C variable holding its value, when visible
+        self.symbols: set = set()
+
+    # -- values -----------------------------------------------------------------------
+    def tmp(self) -> str:
+        self.counter += 1
+        return f"tmp{self.counter}"
+
+    def param(self, buf: str, write=False) -> str:
+        storage = self.fk.storage.get(buf, buf)
+        if write:
+            self.written.add(storage)
+        if storage not in self.params:
+            self.params[storage] = f"p_{storage}"
+        return self.params[storage]
+
+    def index(self, e) -> str:
+        e = sympy.sympify(e)
+        self.symbols |= {s for s in e.free_symbols if not str(s).startswith(("x", "r"))}
+        return cpp_index(e)
+
+    def emit_value(self, v: V.Value, scope: Scope) -> str:
+        for node in V.walk(v):
+            if scope.lookup(node) is not None:
+                continue
+            if node.kind == "masked":
+                continue  # emitted by its parent-first pass below
+        return self._emit(v, scope)
+
+    def _emit(self, v, scope: Scope) -> str:
+        hit = scope.lookup(v)
+        if hit is not None:
+            return hit
+        T = CTYPES[v.dtype] if v.dtype not in (torch.bfloat16, torch.float16) else "float"
+        if v.kind == "load":
+            local = self.locals.get((v.name, str(v.extra)))
+            if local is not None:
+                return local
+            ptr = self.param(v.name)
+            raw = f"{ptr}[{self.index(v.extra)}]"
+            dt = self.layouts[v.name].dtype
+            expr = f"bf16_to_float({raw})" if dt == torch.bfloat16 else (
+                f"static_cast<float>({raw})" if dt == torch.float16 else raw)
+        elif v.kind == "const":
+            return cpp_const(v.extra, v.dtype if v.dtype not in (torch.bfloat16, torch.float16) else torch.float32)
+        elif v.kind == "index":
+            expr = f"static_cast<{T}>({self.index(v.extra)})"
+        elif v.kind == "masked":
+            mask = self._emit(v.args[0], scope)
+            name = self.tmp()
+            other = cpp_const(v.extra, v.dtype if v.dtype not in (torch.bfloat16, torch.float16) else torch.float32)
+            scope.lines.append(f"{scope.indent}{T} {name} = {other};")
+            scope.lines.append(f"{scope.indent}if ({mask}) {{")
+            inner = Scope(scope, scope.indent + "  ")
+            body = self._emit(v.args[1], inner)
+            scope.lines.extend(inner.lines)
+            scope.lines.append(f"{inner.indent}{name} = {body};")
+            scope.lines.append(f"{scope.indent}}}")
+            scope.cache[id(v)] = name
+            return name
+        else:
+            args = [self._emit(a, scope) for a in v.args]
+            A = CTYPES.get(v.args[0].dtype, "float") if v.args else T
+            if v.args and v.args[0].dtype in (torch.bfloat16, torch.float16):
+                A = "float"
+            if v.name == "to_dtype":
+                src = v.args[0].dtype
+                if v.dtype == torch.bfloat16:
+                    expr = f"bf16_to_float(float_to_bf16(static_cast<float>({args[0]})))"
+                elif v.dtype == torch.float16:
+                    expr = f"static_cast<float>(static_cast<_Float16>({args[0]}))"
+                else:
+                    expr = f"static_cast<{T}>({args[0]})"
+                del src
+            elif v.name == "where":
+                expr = f"({args[0]} ? {args[1]} : {args[2]})"
+            elif v.name == "pow":
+                expr = (f"std::pow({args[0]}, {args[1]})" if v.dtype.is_floating_point
+                        else f"ipow<{T}>({args[0]}, {args[1]})")
+            elif v.name == "bitwise_not":
+                expr = f"(!{args[0]})" if v.dtype == torch.bool else f"(~{args[0]})"
+            elif v.name == "abs" and v.dtype == torch.bool:
+                expr = args[0]
+            elif v.name in _UNARY:
+                expr = _UNARY[v.name].format(*args, T=T, A=A)
+            else:
+                expr = _BINARY[v.name].format(*args, T=T)
+        name = self.tmp()
+        scope.lines.append(f"{scope.indent}{T} {name} = {expr};")
+        scope.cache[id(v)] = name
+        return name
+
+    def store(self, m, value: str, scope: Scope):
+        dt = m.buf.layout.dtype
+        ptr = self.param(m.name, write=True)
+        if dt == torch.bfloat16:
+            value = f"float_to_bf16({value})"
+        elif dt == torch.float16:
+            value = f"static_cast<_Float16>({value})"
+        else:
+            value = f"static_cast<{CTYPES[dt]}>({value})"
+        scope.lines.append(f"{scope.indent}{ptr}[{self.index(m.store_index)}] = {value};")
+
+    # -- loops ------------------------------------------------------------------------
+    def render(self) -> str:
+        fk = self.fk
+        body: list[str] = []
+        outer_n = len(fk.outer)
+        ind = "  " * (outer_n + 1)
+        top = Scope(None, ind)
+        pointwise_only = all(ph.inner == () and not ph.reduction for ph in fk.phases)
+        for ph in fk.phases:
+            if ph.inner == () and not ph.reduction:
+                for m in ph.members:
+                    val = self._emit(m.value, top)
+                    if m.name in fk.stored:
+                        self.store(m, val, top)
+                    self.locals[(m.name, str(m.store_index))] = val
+                continue
+            self._phase(ph, top)
+        work = numel(fk.outer) * max((numel(ph.inner) for ph in fk.phases), default=1)
+        lines = []
+        for k, (var, size) in enumerate(zip(fk.outer_vars, fk.outer)):
+            pad = "  " * (k + 1)
+            if k == 0:
+                cond = self.index(work)
+                if pointwise_only and outer_n == 1:
+                    lines.append(f"{pad}#pragma omp parallel for simd if(parallel: {cond} >= 32768)")
+                elif pointwise_only:
+                    lines.append(f"{pad}#pragma omp parallel for collapse({outer_n - 1}) if({cond} >= 32768)")
+                else:
+                    lines.append(f"{pad}#pragma omp parallel for collapse({outer_n}) if({cond} >= 32768)")
+            elif pointwise_only and k == outer_n - 1:
+                lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.index(size)}; {var}++) {{")
+        lines.extend(top.lines)
+        for k in reversed(range(outer_n)):
+            lines.append("  " * (k + 1) + "}")
+        params = []
+        for storage, pname in self.params.items():
+            ct = CTYPES[self.layouts[storage].dtype]
+            const = "" if storage in self.written else "const "
+            params.append(f"{const}{ct}* __restrict__ {pname}")
+        params += [f"int64_t {s}" for s in sorted(self.symbols, key=str)]
+        self.signature = list(self.params) , sorted(self.symbols, key=str)
+        return f'extern "C" void {fk.name}({", ".join(params)}) {{\n' + "\n".join(lines) + "\n}\n"
+
+    def _phase(self, ph, top: Scope):
+        ind = top.indent
+        inner_vars = ph.inner_vars
+        accs = []
+        for m in ph.members:
+            if m.buf.is_reduction:
+                rt = m.buf.data.reduction_type
+                dt = m.value.dtype
+                T = CTYPES[V.compute_dtype(dt)]
+                acc = f"acc_{m.name}"
+                if rt in ("argmax", "argmin"):
+                    init = ("-" if rt == "argmax" else "") + (
+                        f"std::numeric_limits<{T}>::infinity()" if dt.is_floating_point else "")
+                    if not dt.is_floating_point:
+                        init = f"std::numeric_limits<{T}>::{'lowest' if rt == 'argmax' else 'max'}()"
+                    top.lines.append(f"{ind}{T} {acc} = {init};")
+                    top.lines.append(f"{ind}int64_t {acc}_i = 0;")
+                else:
+                    init = {"sum": "0", "prod": "1", "any": "false", "all": "true"}.get(rt)
+                    if init is None:
+                        if dt == torch.bool:
+                            init = "false" if rt == "max" else "true"
+                        elif dt.is_floating_point:
+                            init = ("-" if rt == "max" else "") + f"std::numeric_limits<{T}>::infinity()"
+                        else:
+                            init = f"std::numeric_limits<{T}>::{'lowest' if rt == 'max' else 'max'}()"
+                    top.lines.append(f"{ind}{T} {acc} = {init};")
+                accs.append((m, rt, acc))
+        simd_ok = all(rt in ("sum", "prod", "any", "all") for _, rt, _ in accs)
+        red_clause = " ".join(
+            f"reduction({ {'sum': '+', 'prod': '*', 'any': '||', 'all': '&&'}[rt] }:{acc})" for _, rt, acc in accs
+        ) if simd_ok else ""
+        n = len(ph.inner)
+        for k, (var, size) in enumerate(zip(inner_vars, ph.inner)):
+            pad = ind + "  " * k
+            if k == n - 1 and simd_ok:
+                top.lines.append(f"{pad}#pragma omp simd {red_clause}".rstrip())
+            top.lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.index(size)}; {var}++) {{")
+        scope = Scope(top, ind + "  " * n)
+        saved = dict(self.locals)
+        for m in ph.members:
+            val = self._emit(m.value, scope)
+            if m.buf.is_reduction:
+                rt = [a for a in accs if a[0] is m][0][1]
+                acc = f"acc_{m.name}"
+                if rt == "sum":
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} + {val};")
+                elif rt == "prod":
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} * {val};")
+                elif rt == "any":
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} || {val};")
+                elif rt == "all":
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} && {val};")
+                elif rt in ("max", "min"):
+                    fn = "max_prop" if rt == "max" else "min_prop"
+                    scope.lines.append(f"{scope.indent}{acc} = {fn}({acc}, {val});")
+                else:
+                    cmp = ">" if rt == "argmax" else "<"
+                    flat = self.index(sum((v * s for v, s in zip(inner_vars, _strides(ph.inner))), sympy.Integer(0)))
+                    scope.lines.append(f"{scope.indent}if (!({acc} != {acc}) && ({val} != {val} || {val} {cmp} {acc})) "
+                                       f"{{ {acc} = {val}; {acc}_i = {flat}; }}")
+            else:
+                if m.name in self.fk.stored:
+                    self.store(m, val, scope)
+                self.locals[(m.name, str(m.store_index))] = val
+        top.lines.extend(scope.lines)
+        for k in reversed(range(n)):
+            top.lines.append(ind + "  " * k + "}")
+        self.locals = saved
+        for m, rt, acc in accs:
+            result = f"{acc}_i" if rt in ("argmax", "argmin") else acc
+            if m.name in self.fk.stored:
+                self.store(m, result, top)
+            self.locals[(m.name, str(m.store_index))] = result
+
+
+def _strides(sizes):
+    out, acc = [], sympy.Integer(1)
+    for s in reversed(list(sizes)):
+        out.append(acc)
+        acc = acc * s
+    return list(reversed(out))
+
+
+def render_kernel(fk: FusedKernel, layouts: dict):
+    """(C++ source of the kernel, parameter buffers in order, size symbols in order)."""
+    k = CppKernel(fk, layouts, None)
+    src = k.render()
+    bufs, syms = k.signature
+    return src, bufs, syms, k.written

@@ -1,0 +1,100 @@
+"""The decomposition table handed to the AOT stage: torch's core-aten decompositions plus
+the composite ops (softmax, layer/batch/group norm, gelu, var, addmm, ...) that our
+lowerings build from pointwise ops and reductions. Random ops are kept whole so they draw
+from the generator exactly as eager does (they run as extern kernels)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+_EXTRA = [
+    aten.gelu, aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_batch_norm,
+    aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit, aten.addmm, aten.clamp, aten.hardtanh,
+    aten.leaky_relu, aten.elu, aten.native_group_norm, aten._fused_rms_norm, aten.rsqrt.default,
+    aten.sign, aten.logsumexp, aten.cumsum.default, aten.linalg_vector_norm, aten.rms_norm, aten.var_mean, aten.std, aten.std_mean,
+]
+
+# Kept whole: random ops (same generator stream as eager), ops we lower directly and whose
+# decompositions would be slower or change numerics.
+_KEEP = {
+    aten.bernoulli.default, aten.native_dropout.default, aten.rand_like.default, aten.randn_like.default,
+    aten.rsqrt.default, aten.sign.default, aten.cumsum.default,
+    aten.arange.default, aten.arange.start,
+}
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """Two reductions (mean, then the sum of squared deviations) that fuse into one kernel:
+    torch's own decomposition goes through prims we do not lower."""
+    dims = list(range(x.dim())) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
+        [dim] if isinstance(dim, int) else list(dim))
+    correction = 1 if correction is None else correction
+    n = 1
+    for d in dims:
+        n = n * x.shape[d]
+    src = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    mean = torch.sum(src, dims, keepdim=True) / n
+    diff = src - mean
+    var = torch.sum(diff * diff, dims, keepdim=keepdim) / max(0, n - correction)
+    if not keepdim:
+        mean = torch.squeeze(mean, dims)
+    return var.to(x.dtype), mean.to(x.dtype)
+
+
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def _std(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _std_mean(x, dim=None, *, correction=None, keepdim=False):
+    var, mean = _var_mean(x, dim, correction=correction, keepdim=keepdim)
+    return torch.sqrt(var), mean
+
+
+def _mean(x, dim=None, keepdim=False, *, dtype=None):
+    src = x.to(dtype) if dtype is not None else x
+    dims = list(range(x.dim())) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
+        [dim] if isinstance(dim, int) else list(dim))
+    n = 1
+    for d in dims:
+        n = n * x.shape[d]
+    low = src.dtype in (torch.bfloat16, torch.float16)
+    total = torch.sum(src.float() if low else src, dims, keepdim=keepdim)
+    return (total / n).to(src.dtype)
+
+
+def _mean_all(x, *, dtype=None):
+    return _mean(x, None, False, dtype=dtype)
+
+
+def _unbiased_dim(fn, x, dim, unbiased=True, keepdim=False):
+    return fn(x, dim, correction=1 if unbiased else 0, keepdim=keepdim)
+
+
+def _unbiased_all(fn, x, unbiased=True):
+    return fn(x, None, correction=1 if unbiased else 0)
+
+
+@functools.lru_cache(None)
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(_EXTRA))
+    table[aten.mean.dim] = _mean
+    table[aten.mean.default] = _mean_all
+    for packet, fn in ((aten.var_mean, _var_mean), (aten.var, _var), (aten.std, _std), (aten.std_mean, _std_mean)):
+        table[packet.correction] = fn
+        table[packet.dim] = functools.partial(_unbiased_dim, fn)
+        table[packet.default] = functools.partial(_unbiased_all, fn)
+    for op in list(table):
+        if op in _KEEP:
+            del table[op]
+    return table

@@ -1,0 +1,301 @@
+"""GraphLowering: walks an aten FX graph and builds the loop-level IR, one lowering per
+node (lowerings.py); ops without a lowering become extern kernels that call aten."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from . import values as V
+from .index import contiguous_strides, index_var
+from .ir import (ComputedBuffer, ExternKernel, ExternOutput, InputBuffer, Layout, Pointwise,
+                 TensorValue, strided_value)
+
+
+class Unsupported(Exception):
+    """The graph cannot be compiled by codegen; the caller runs it as it is (eager aten)."""
+
+
+def to_sympy(x):
+    if isinstance(x, torch.SymInt):
+        return x.node.expr
+    if isinstance(x, (int, sympy.Expr)):
+        return sympy.sympify(x)
+    raise Unsupported(f"size {x!r} of type {type(x).__name__}")
+
+
+def fake_of(node):
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val
+
+
+def is_dense(sizes, strides) -> bool:
+    """Non-overlapping and dense: strides are a permutation of contiguous strides."""
+    try:
+        dims = sorted([d for d in range(len(sizes)) if sizes[d] != 1], key=lambda d: (int(strides[d]), d))
+        expected = 1
+        for d in dims:
+            if int(strides[d]) != expected:
+                return False
+            expected *= int(sizes[d])
+        return True
+    except TypeError:
+        return all(st == cs for sz, st, cs in zip(sizes, strides, contiguous_strides(sizes)) if sz != 1)
+
+
+class GraphLowering:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs):
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.nodes: list = []                 # ComputedBuffer | ExternKernel, program order
+        self.inputs: list[InputBuffer] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.outputs: list = []               # TensorValue | python value, per graph output
+        self.sym_bindings: dict = {}          # sympy.Symbol -> (kind, arg index, dim)
+        self.fallback_ops: list[str] = []     # unlowered ops run as extern kernels
+        self.extern_ops: list[str] = []       # every extern kernel's op
+        self.buffer_layouts: dict[str, Layout] = {}
+        self.mutated_inputs: set[str] = set()
+        self.current_node: torch.fx.Node | None = None
+        self._counter = 0
+        self.origins_of: dict[str, list] = {}
+
+    # -- names -----------------------------------------------------------------------
+    def new_name(self, prefix="buf") -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    # -- the walk --------------------------------------------------------------------
+    def run(self) -> "GraphLowering":
+        from .lowerings import LOWERINGS
+        V.reset()
+        placeholder_i = 0
+        for node in self.gm.graph.nodes:
+            self.current_node = node
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, placeholder_i)
+                placeholder_i += 1
+            elif node.op == "get_attr":
+                self.env[node] = self._constant(node)
+            elif node.op == "call_function":
+                self.env[node] = self._call(node, LOWERINGS)
+            elif node.op == "output":
+                outs = pytree.tree_leaves(node.args[0])
+                self.outputs = [self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o) for o in outs]
+            else:
+                raise Unsupported(f"fx node kind {node.op}")
+        return self
+
+    def _placeholder(self, node, i):
+        ex = self.example_inputs[i] if i < len(self.example_inputs) else fake_of(node)
+        if isinstance(ex, torch.Tensor):
+            sizes = tuple(to_sympy(s) for s in ex.shape)
+            strides = tuple(to_sympy(s) for s in ex.stride())
+            for d, s in enumerate(sizes):
+                if isinstance(s, sympy.Symbol) and s not in self.sym_bindings:
+                    self.sym_bindings[s] = ("size", i, d)
+            for d, s in enumerate(strides):
+                if isinstance(s, sympy.Symbol) and s not in self.sym_bindings:
+                    self.sym_bindings[s] = ("stride", i, d)
+            if any(not isinstance(s, sympy.Integer) and s.free_symbols - set(self.sym_bindings) for s in sizes + strides):
+                raise Unsupported("input size expression not bound to a plain symbol")
+            name = f"arg{i}"
+            layout = Layout(sizes, strides, ex.dtype, ex.device, 0)
+            self.inputs.append(InputBuffer(name, layout, i))
+            self.buffer_layouts[name] = layout
+            return strided_value(name, layout)
+        if isinstance(ex, torch.SymInt):
+            expr = ex.node.expr
+            if isinstance(expr, sympy.Symbol):
+                self.sym_bindings.setdefault(expr, ("scalar", i, None))
+                return expr
+            return expr
+        if isinstance(ex, (int, float, bool)) or ex is None:
+            self.inputs.append(None)  # keeps positions; python scalars are passed to externs
+            raise Unsupported("python scalar graph input")
+        raise Unsupported(f"graph input of type {type(ex).__name__}")
+
+    def _constant(self, node):
+        value = getattr(self.gm, node.target)
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = f"const_{len(self.constants)}"
+        self.constants[name] = value
+        layout = Layout(tuple(sympy.Integer(s) for s in value.shape), tuple(sympy.Integer(s) for s in value.stride()),
+                        value.dtype, value.device, 0)
+        self.inputs.append(InputBuffer(name, layout, -1, const_name=name))
+        self.buffer_layouts[name] = layout
+        return strided_value(name, layout)
+
+    def _call(self, node, table):
+        target = node.target
+        args, kwargs = pytree.tree_map(lambda a: self.env[a] if isinstance(a, torch.fx.Node) else a,
+                                       (node.args, node.kwargs))
+        if target is operator.getitem:
+            return args[0][args[1]]
+        if not isinstance(target, torch._ops.OpOverload):
+            if target in _SYM_OPS and all(isinstance(a, (int, sympy.Expr)) for a in args):
+                return _SYM_OPS[target](*[sympy.sympify(a) for a in args])
+            raise Unsupported(f"call of {getattr(target, '__name__', target)}")
+        fake = fake_of(node)
+        if target is torch.ops.aten.sym_size.int:
+            return to_sympy(fake) if fake is not None else args[0].sizes[args[1]]
+        lowering = table.get(target) or table.get(target.overloadpacket)
+        if target._schema.is_mutable or lowering is None or not _lowerable(fake):
+            return self.extern(target, args, kwargs, fake, fallback=lowering is None and target not in _BY_DESIGN
+                               and target.overloadpacket not in _BY_DESIGN)
+        result = lowering(self, *args, **kwargs)
+        if result is NotImplemented:
+            return self.extern(target, args, kwargs, fake, fallback=True)
+        if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1:
+            result = self.realize(result)
+        return result
+
+    def _output(self, value, node):
+        if isinstance(value, TensorValue):
+            view = self.as_strided(value)
+            if view is None:
+                value = self.realize(value, fake_of(node) if isinstance(node, torch.fx.Node) else None)
+            return value
+        return value
+
+    # -- realization -----------------------------------------------------------------
+    def dense_layout(self, sizes, dtype, device, fake=None) -> Layout:
+        sizes = tuple(sympy.sympify(s) for s in sizes)
+        if fake is not None and isinstance(fake, torch.Tensor) and tuple(to_sympy(s) for s in fake.shape) == sizes:
+            strides = tuple(to_sympy(s) for s in fake.stride())
+            if is_dense(sizes, strides):
+                return Layout(sizes, strides, dtype, device, 0)
+        return Layout(sizes, tuple(contiguous_strides(sizes)), dtype, device, 0)
+
+    def realize(self, tv: TensorValue, fake=None) -> TensorValue:
+        if self.as_strided(tv) is not None:
+            return tv
+        fake = fake if fake is not None else fake_of(self.current_node)
+        layout = self.dense_layout(tv.sizes, tv.dtype, tv.device, fake)
+        name = self.new_name()
+        cdt = V.compute_dtype(tv.dtype)
+        loader = tv.loader
+        buf = ComputedBuffer(name, layout, Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)),
+                             origins=[self.current_node.name] if self.current_node is not None else [])
+        self.nodes.append(buf)
+        self.buffer_layouts[name] = layout
+        return strided_value(name, layout)
+
+    def add_buffer(self, buf: ComputedBuffer) -> TensorValue:
+        if self.current_node is not None:
+            buf.origins = [self.current_node.name]
+        self.nodes.append(buf)
+        self.buffer_layouts[buf.name] = buf.layout
+        return strided_value(buf.name, buf.layout)
+
+    def as_strided(self, tv: TensorValue):
+        """(buffer, layout relative to the buffer's data pointer) when tv is a strided view
+        of a buffer, else None."""
+        if tv.layout is not None and tv.buffer is not None:
+            return tv.buffer, tv.layout
+        syms = [index_var(f"v{i}", s) for i, s in enumerate(tv.sizes)]
+        v = tv.loader(syms)
+        if v.kind != "load" or self.buffer_layouts.get(v.name) is None:
+            return None
+        if self.buffer_layouts[v.name].dtype != tv.dtype:
+            return None
+        expr = sympy.expand(v.extra)
+        try:
+            poly = sympy.Poly(expr, *syms) if syms else None
+        except sympy.PolynomialError:
+            return None
+        if poly is not None and poly.total_degree() > 1:
+            return None
+        strides = []
+        for s in syms:
+            c = expr.coeff(s)
+            if c.free_symbols & set(syms):
+                return None
+            strides.append(c)
+        offset = expr.subs({s: 0 for s in syms})
+        if any(isinstance(a, sympy.Function) for a in sympy.preorder_traversal(offset)):
+            return None
+        base = self.buffer_layouts[v.name]
+        layout = Layout(tuple(tv.sizes), tuple(sympy.sympify(s) for s in strides), base.dtype, base.device, offset)
+        tv.buffer, tv.layout = v.name, layout
+        return v.name, layout
+
+    # -- extern kernels --------------------------------------------------------------
+    def extern(self, op, args, kwargs, fake, fallback: bool):
+        reads: set = set()
+        mutates: set = set()
+
+        def prep(a):
+            if isinstance(a, TensorValue):
+                view = self.as_strided(a)
+                if view is None:
+                    a = self.realize(a, None)
+                    view = self.as_strided(a)
+                reads.add(view[0])
+                return a
+            return a
+
+        args, kwargs = pytree.tree_map(prep, (args, kwargs))
+        if op._schema.is_mutable:
+            for i, arg in enumerate(op._schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    value = args[i] if i < len(args) else kwargs.get(arg.name)
+                    for leaf in pytree.tree_leaves(value):
+                        if isinstance(leaf, TensorValue):
+                            mutates.add(leaf.buffer)
+                            if any(b.name == leaf.buffer for b in self.inputs if b is not None):
+                                self.mutated_inputs.add(leaf.buffer)
+        name = self.new_name("extern")
+        origins = [self.current_node.name] if self.current_node is not None else []
+        if fallback:
+            self.fallback_ops.append(str(op))
+        self.extern_ops.append(str(op))
+        outputs: list = []
+
+        def make_out(f, path):
+            if isinstance(f, torch.Tensor):
+                sizes = tuple(to_sympy(s) for s in f.shape)
+                strides = tuple(to_sympy(s) for s in f.stride())
+                layout = Layout(sizes, strides, f.dtype, f.device, 0)
+                oname = name if path == () else f"{name}_{'_'.join(map(str, path))}"
+                out = ExternOutput(oname, layout, kernel=name, path=path)
+                outputs.append(out)
+                self.buffer_layouts[oname] = layout
+                return strided_value(oname, layout)
+            if isinstance(f, (tuple, list)):
+                return type(f)(make_out(x, path + (i,)) for i, x in enumerate(f))
+            if f is None or isinstance(f, (int, float, bool)):
+                return f
+            raise Unsupported(f"extern {op} returns {type(f).__name__}")
+
+        if fake is None:
+            raise Unsupported(f"no metadata (node.meta['val']) for {op}")
+        result = make_out(fake, ())
+        self.nodes.append(ExternKernel(name, op, args, kwargs, outputs, reads, mutates, origins))
+        return result
+
+
+def _lowerable(fake) -> bool:
+    """Codegen covers CPU tensors of these dtypes; anything else is an extern call."""
+    ok = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.float16,
+          torch.int8, torch.uint8, torch.int16)
+    for leaf in pytree.tree_leaves(fake):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.dtype not in ok or leaf.device.type != "cpu" or leaf.is_sparse:
+                return False
+    return True
+
+
+_BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,
+              torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu}
+
+_SYM_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+            operator.floordiv: lambda a, b: sympy.floor(a / b), operator.neg: operator.neg}

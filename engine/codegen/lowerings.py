@@ -1,0 +1,611 @@
+"""The lowerings table: one small function per aten op, from TensorValues (and python
+scalars) to a new TensorValue (a loader over indices) or a realized reduction buffer.
+An op missing here runs as an extern kernel (an aten call) and is reported on perf_hints."""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from . import values as V
+from .graph import GraphLowering, Unsupported, fake_of, to_sympy
+from .index import flatten, unflatten
+from .ir import ComputedBuffer, Reduction, TensorValue
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+LOWERINGS: dict = {}
+
+
+def register(*ops):
+    def wrap(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return wrap
+
+
+# -- helpers -----------------------------------------------------------------------------
+def out_meta(g: GraphLowering):
+    fake = fake_of(g.current_node)
+    if not isinstance(fake, torch.Tensor):
+        raise Unsupported(f"{g.current_node.target}: no tensor metadata")
+    return tuple(to_sympy(s) for s in fake.shape), fake.dtype, fake.device
+
+
+def broadcast_loader(x, out_sizes):
+    """x (TensorValue or python scalar) read at an index of the broadcast output shape."""
+    if not isinstance(x, TensorValue):
+        return None
+    nd = len(out_sizes)
+    xs = x.sizes
+    lead = nd - len(xs)
+
+    def loader(idx):
+        sub = [sympy.Integer(0) if (xs[d] == 1 and out_sizes[lead + d] != 1) else idx[lead + d] for d in range(len(xs))]
+        return x.loader(sub)
+    return loader
+
+
+def value_of(x, out_sizes, dtype, idx):
+    """x cast to compute dtype `dtype` at output index idx."""
+    if isinstance(x, TensorValue):
+        return V.cast(broadcast_loader(x, out_sizes)(idx), dtype)
+    if isinstance(x, (bool, int, float)):
+        return V.const(x, dtype)
+    if isinstance(x, sympy.Expr):
+        return V.cast(V.index_value(x), dtype)
+    raise Unsupported(f"operand {type(x).__name__}")
+
+
+def pointwise(sizes, dtype, device, fn) -> TensorValue:
+    if dtype in (torch.bfloat16, torch.float16):
+        # eager rounds every op's result to the low-precision type; so do we
+        inner = fn
+
+        def fn(idx):
+            return V.cast(V.cast(inner(idx), dtype), torch.float32)
+    return TensorValue(tuple(sizes), dtype, device, fn)
+
+
+def meta_tensor(x):
+    if isinstance(x, TensorValue):
+        return torch.empty([int(s) if s.is_Integer else 2 for s in x.sizes], dtype=x.dtype, device="meta")
+    return x
+
+
+def promoted(a, b):
+    ta, tb = meta_tensor(a), meta_tensor(b)
+    if not isinstance(ta, torch.Tensor):
+        ta, tb = tb, ta
+    return torch.result_type(ta, tb)
+
+
+# -- pointwise ---------------------------------------------------------------------------
+def binary(opname, *, compute="out"):
+    def lower(g, a, b, *, alpha=None, **kw):
+        if kw:
+            return NotImplemented
+        sizes, dtype, device = out_meta(g)
+        cdt = V.compute_dtype(promoted(a, b) if compute == "inputs" else dtype)
+        def fn(idx):
+            x, y = value_of(a, sizes, cdt, idx), value_of(b, sizes, cdt, idx)
+            if alpha is not None and alpha != 1:
+                y = V.op("mul", y, V.const(alpha, cdt), dtype=cdt)
+            return V.cast(V.op(opname, x, y, dtype=cdt if compute == "out" else torch.bool), V.compute_dtype(dtype))
+        return pointwise(sizes, dtype, device, fn)
+    return lower
+
+
+for _name, _ops in {
+    "add": [aten.add], "sub": [aten.sub], "mul": [aten.mul], "maximum": [aten.maximum],
+    "minimum": [aten.minimum], "atan2": [aten.atan2], "remainder": [aten.remainder],
+    "floordiv": [aten.floor_divide], "bitwise_and": [aten.bitwise_and], "bitwise_or": [aten.bitwise_or],
+    "bitwise_xor": [aten.bitwise_xor], "copysign": [aten.copysign],
+}.items():
+    register(*_ops)(binary(_name))
+for _name in ("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor"):
+    register(getattr(aten, _name))(binary(_name, compute="inputs"))
+
+
+@register(aten.div)
+def div(g, a, b, *, rounding_mode=None):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+
+    def fn(idx):
+        x, y = value_of(a, sizes, cdt, idx), value_of(b, sizes, cdt, idx)
+        if rounding_mode is None:
+            return V.op("truediv", x, y, dtype=cdt)
+        if rounding_mode == "floor":
+            return V.op("floordiv", x, y, dtype=cdt)
+        if rounding_mode == "trunc":
+            if cdt.is_floating_point:
+                return V.op("trunc", V.op("truediv", x, y, dtype=cdt), dtype=cdt)
+            raise Unsupported("integer trunc division")
+        raise Unsupported(f"rounding_mode={rounding_mode}")
+    if rounding_mode == "trunc" and not cdt.is_floating_point:
+        return NotImplemented
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.pow)
+def pow_(g, a, b):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    if isinstance(b, (int, float)) and not isinstance(b, bool) and b in (0, 1, 2, 3, 0.5, -1, -0.5):
+        def fn(idx):
+            x = value_of(a, sizes, cdt, idx)
+            if b == 2:
+                return V.op("mul", x, x, dtype=cdt)
+            if b == 3:
+                return V.op("mul", V.op("mul", x, x, dtype=cdt), x, dtype=cdt)
+            if b == 1:
+                return x
+            if b == 0:
+                return V.const(1, cdt)
+            if not cdt.is_floating_point:
+                return V.op("pow", x, V.const(b, cdt), dtype=cdt)
+            if b == 0.5:
+                return V.op("sqrt", x, dtype=cdt)
+            if b == -0.5:
+                return V.op("rsqrt", x, dtype=cdt)
+            return V.op("reciprocal", x, dtype=cdt)
+        return pointwise(sizes, dtype, device, fn)
+    if not cdt.is_floating_point:
+        return NotImplemented   # integer pow with negative exponents raises in eager
+
+    def fn(idx):
+        return V.op("pow", value_of(a, sizes, cdt, idx), value_of(b, sizes, cdt, idx), dtype=cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+def unary(opname, *, float_only=False, bool_out=False):
+    def lower(g, a, **kw):
+        if kw:
+            return NotImplemented
+        sizes, dtype, device = out_meta(g)
+        cdt = V.compute_dtype(a.dtype if bool_out else dtype)
+        if float_only and not cdt.is_floating_point:
+            return NotImplemented
+
+        def fn(idx):
+            x = value_of(a, sizes, cdt, idx)
+            return V.op(opname, x, dtype=torch.bool if bool_out else cdt)
+        return pointwise(sizes, dtype, device, fn)
+    return lower
+
+
+for _name in ("neg", "abs", "floor", "ceil", "trunc", "sign", "relu", "bitwise_not"):
+    register(getattr(aten, _name))(unary(_name))
+register(aten.round.default)(unary("round", float_only=True))
+for _name in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
+              "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+              "sigmoid", "reciprocal", "lgamma"):
+    register(getattr(aten, _name).default)(unary(_name, float_only=True))
+for _name in ("isnan", "isinf", "signbit"):
+    register(getattr(aten, _name).default)(unary(_name, bool_out=True))
+
+
+@register(aten.logical_not.default)
+def logical_not(g, a):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(a.dtype)
+    return pointwise(sizes, dtype, device,
+                     lambda idx: V.op("logical_not", value_of(a, sizes, cdt, idx), dtype=torch.bool))
+
+
+@register(aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+def where(g, cond, a, b):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    return pointwise(sizes, dtype, device, lambda idx: V.op(
+        "where", value_of(cond, sizes, torch.bool, idx), value_of(a, sizes, cdt, idx), value_of(b, sizes, cdt, idx),
+        dtype=cdt))
+
+
+@register(aten.clamp_min, aten.clamp_max)
+def clamp_one(g, a, bound):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    opname = "maximum" if g.current_node.target.overloadpacket is aten.clamp_min else "minimum"
+    return pointwise(sizes, dtype, device, lambda idx: V.op(
+        opname, value_of(a, sizes, cdt, idx), value_of(bound, sizes, cdt, idx), dtype=cdt))
+
+
+@register(aten.clamp.default)
+def clamp(g, a, min=None, max=None):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+
+    def fn(idx):
+        x = value_of(a, sizes, cdt, idx)
+        if min is not None:
+            x = V.op("maximum", x, value_of(min, sizes, cdt, idx), dtype=cdt)
+        if max is not None:
+            x = V.op("minimum", x, value_of(max, sizes, cdt, idx), dtype=cdt)
+        return x
+    return pointwise(sizes, dtype, device, fn)
+
+
+def _cast_lowering(g, a, dtype=None, **kw):
+    sizes, out_dtype, device = out_meta(g)
+    if device != a.device or kw.get("layout") not in (None, torch.strided):
+        return NotImplemented
+    cdt = V.compute_dtype(out_dtype)
+    src = V.compute_dtype(a.dtype)
+
+    def fn(idx):
+        v = a.loader(list(idx))
+        if out_dtype in (torch.bfloat16, torch.float16) and a.dtype != out_dtype:
+            # round through the low-precision type as eager's cast does
+            return V.cast(V.cast(V.cast(v, src), out_dtype), cdt)
+        return V.cast(v, cdt)
+    if a.dtype == out_dtype:
+        return a
+    return pointwise(sizes, out_dtype, device, fn)
+
+
+register(aten._to_copy.default)(_cast_lowering)
+
+
+@register(prims.convert_element_type.default)
+def convert_element_type(g, a, dtype):
+    return _cast_lowering(g, a)
+
+
+@register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
+def identity(g, a, **kw):
+    if kw.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return NotImplemented
+    return TensorValue(a.sizes, a.dtype, a.device, a.loader)
+
+
+@register(aten.copy.default)
+def copy(g, dst, src, non_blocking=False):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    if isinstance(src, TensorValue) and src.device != device:
+        return NotImplemented
+    return pointwise(sizes, dtype, device, lambda idx: value_of(src, sizes, cdt, idx))
+
+
+def _full(g, value):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    if isinstance(value, TensorValue):
+        return pointwise(sizes, dtype, device, lambda idx: value_of(value, sizes, cdt, idx))
+    c = V.const(value, cdt)
+    return pointwise(sizes, dtype, device, lambda idx: c)
+
+
+@register(aten.full.default)
+def full(g, size, fill_value, **kw):
+    return _full(g, fill_value)
+
+
+@register(aten.full_like.default)
+def full_like(g, a, fill_value, **kw):
+    return _full(g, fill_value)
+
+
+@register(aten.scalar_tensor.default)
+def scalar_tensor(g, value, **kw):
+    return _full(g, value)
+
+
+@register(aten.fill.Scalar, aten.fill.Tensor)
+def fill(g, a, value):
+    return _full(g, value)
+
+
+@register(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def arange(g, *args, **kw):
+    sizes, dtype, device = out_meta(g)
+    nums = [a for a in args]
+    if len(nums) == 1:
+        start, step = 0, 1
+    elif len(nums) == 2:
+        start, step = nums[0], 1
+    else:
+        start, step = nums[0], nums[2]
+    if not all(isinstance(x, int) for x in (start, step)) and dtype != torch.float32 and dtype != torch.float64:
+        return NotImplemented
+    cdt = V.compute_dtype(dtype)
+    if cdt.is_floating_point and not all(isinstance(x, int) for x in (start, step)):
+        return NotImplemented   # eager computes float ranges in double; keep it exact
+    return pointwise(sizes, dtype, device, lambda idx: V.cast(V.index_value(start + idx[0] * step), cdt))
+
+
+@register(prims.iota.default)
+def iota(g, length, *, start, step, dtype, device, requires_grad):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    return pointwise(sizes, dtype, device, lambda idx: V.cast(V.index_value(start + idx[0] * step), cdt))
+
+
+# -- views: index rewrites ---------------------------------------------------------------
+def view_of(g, a, sizes, index_fn):
+    return TensorValue(tuple(sizes), a.dtype, a.device, lambda idx: a.loader(index_fn(list(idx))))
+
+
+@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view.dtype)
+def view(g, a, shape=None):
+    if not isinstance(shape, (list, tuple)):
+        return NotImplemented
+    sizes, dtype, device = out_meta(g)
+    if dtype != a.dtype:
+        return NotImplemented
+    in_sizes = a.sizes
+    return view_of(g, a, sizes, lambda idx: unflatten(flatten(idx, sizes), in_sizes))
+
+
+@register(aten.permute.default)
+def permute(g, a, dims):
+    nd = len(a.sizes)
+    dims = [d % nd for d in dims]
+    sizes = [a.sizes[d] for d in dims]
+
+    def fn(idx):
+        src = [None] * nd
+        for k, d in enumerate(dims):
+            src[d] = idx[k]
+        return src
+    return view_of(g, a, sizes, fn)
+
+
+@register(aten.t.default)
+def t(g, a):
+    return permute(g, a, list(reversed(range(len(a.sizes)))))
+
+
+@register(aten.transpose.int)
+def transpose(g, a, d0, d1):
+    nd = len(a.sizes)
+    dims = list(range(nd))
+    if nd:
+        dims[d0 % nd], dims[d1 % nd] = dims[d1 % nd], dims[d0 % nd]
+    return permute(g, a, dims)
+
+
+@register(aten.expand.default)
+def expand(g, a, size, *, implicit=False):
+    sizes, _, _ = out_meta(g)
+    return TensorValue(tuple(sizes), a.dtype, a.device, broadcast_loader(a, sizes))
+
+
+@register(aten.unsqueeze.default)
+def unsqueeze(g, a, dim):
+    nd = len(a.sizes) + 1
+    dim = dim % nd
+    sizes = list(a.sizes[:dim]) + [sympy.Integer(1)] + list(a.sizes[dim:])
+    return view_of(g, a, sizes, lambda idx: idx[:dim] + idx[dim + 1:])
+
+
+@register(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(g, a, dims=None):
+    sizes, _, _ = out_meta(g)
+    nd = len(a.sizes)
+    if dims is None:
+        drop = {d for d in range(nd) if a.sizes[d] == 1}
+    else:
+        dims = [dims] if isinstance(dims, int) else dims
+        drop = {d % nd for d in dims if a.sizes[d % nd] == 1} if nd else set()
+
+    def fn(idx):
+        it = iter(idx)
+        return [sympy.Integer(0) if d in drop else next(it) for d in range(nd)]
+    return view_of(g, a, sizes, fn)
+
+
+@register(aten.slice.Tensor)
+def slice_(g, a, dim=0, start=None, end=None, step=1):
+    sizes, _, _ = out_meta(g)
+    dim = dim % len(a.sizes)
+    n = a.sizes[dim]
+    start = 0 if start is None else start
+    if isinstance(start, int) and n.is_Integer:
+        start = max(0, start + int(n)) if start < 0 else min(start, int(n))
+    elif not isinstance(start, int):
+        return NotImplemented
+
+    def fn(idx):
+        idx = list(idx)
+        idx[dim] = start + idx[dim] * step
+        return idx
+    return view_of(g, a, sizes, fn)
+
+
+@register(aten.select.int)
+def select(g, a, dim, index):
+    dim = dim % len(a.sizes)
+    n = a.sizes[dim]
+    if isinstance(index, int) and index < 0:
+        index = index + n
+    sizes = list(a.sizes[:dim]) + list(a.sizes[dim + 1:])
+    return view_of(g, a, sizes, lambda idx: idx[:dim] + [sympy.sympify(index)] + idx[dim:])
+
+
+@register(aten.as_strided.default)
+def as_strided(g, a, size, stride, storage_offset=None):
+    view = g.as_strided(a)
+    if view is None or not g.buffer_layouts[view[0]].is_contiguous() or not view[1].is_contiguous():
+        return NotImplemented
+    buf, _ = view
+    sizes, _, _ = out_meta(g)
+    strides = [to_sympy(s) for s in stride]
+    off = to_sympy(storage_offset or 0)
+    cdt = V.compute_dtype(a.dtype)
+    return TensorValue(tuple(sizes), a.dtype, a.device,
+                       lambda idx: V.load(buf, sympy.expand(off + sum((i * s for i, s in zip(idx, strides)), 0)), cdt))
+
+
+@register(aten.cat.default)
+def cat(g, tensors, dim=0):
+    sizes, dtype, device = out_meta(g)
+    dim = dim % len(sizes)
+    parts = [t for t in tensors if not (len(t.sizes) == 1 and t.sizes[0] == 0)]
+    cdt = V.compute_dtype(dtype)
+
+    def fn(idx):
+        offsets, acc = [], sympy.Integer(0)
+        for t in parts:
+            offsets.append(acc)
+            acc = acc + t.sizes[dim]
+        result = None
+        for t, off in reversed(list(zip(parts, offsets))):
+            sub = list(idx)
+            sub[dim] = idx[dim] - off
+            body = V.cast(t.loader(sub), cdt)
+            if result is None:
+                result = body
+                continue
+            mask = V.op("lt", V.index_value(idx[dim]), V.index_value(off + t.sizes[dim]), dtype=torch.bool)
+            result = V.op("where", mask, V.masked(mask, body, 0), result, dtype=cdt)
+        return result
+    if len(parts) > 8:
+        return NotImplemented
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd(g, a, pad, value=0):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    nd = len(sizes)
+    if any(p < 0 for p in pad):
+        return NotImplemented
+
+    def fn(idx):
+        sub = list(idx)
+        mask = None
+        for k in range(len(pad) // 2):
+            d = nd - 1 - k
+            lo = pad[2 * k]
+            sub[d] = idx[d] - lo
+            conds = [V.op("ge", V.index_value(idx[d]), V.index_value(sympy.Integer(lo)), dtype=torch.bool),
+                     V.op("lt", V.index_value(idx[d]), V.index_value(lo + a.sizes[d]), dtype=torch.bool)]
+            for c in conds:
+                mask = c if mask is None else V.op("logical_and", mask, c, dtype=torch.bool)
+        body = V.cast(a.loader(sub), cdt)
+        if mask is None:
+            return body
+        return V.op("where", mask, V.masked(mask, body, 0), V.const(value, cdt), dtype=cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+# -- reductions --------------------------------------------------------------------------
+def make_reduction(g, x: TensorValue, dims, keepdim, rtype, out_dtype=None, acc_dtype=None):
+    sizes, dtype, device = out_meta(g)
+    out_dtype = out_dtype or dtype
+    nd = len(x.sizes)
+    dims = sorted({d % nd for d in dims}) if dims else list(range(nd))
+    if nd == 0:
+        dims = []
+    kept = [d for d in range(nd) if d not in dims]
+    rranges = [x.sizes[d] for d in dims]
+    if any(r == 0 for r in rranges):
+        return NotImplemented   # empty reductions: identity values are aten's business
+    src_cdt = acc_dtype or (V.compute_dtype(out_dtype) if rtype in ("sum", "prod") else V.compute_dtype(x.dtype))
+    out_sizes = list(sizes)
+
+    def fn(idx, ridx):
+        # idx is over the output shape (keepdim ones included)
+        if keepdim and nd:
+            kept_idx = [idx[d] for d in kept]
+        else:
+            kept_idx = list(idx)
+        full, ki, ri = [], iter(kept_idx), iter(ridx)
+        for d in range(nd):
+            full.append(next(ri) if d in dims else next(ki))
+        return V.cast(x.loader(full), src_cdt)
+
+    name = g.new_name()
+    layout = g.dense_layout(out_sizes, out_dtype, device, fake_of(g.current_node))
+    buf = ComputedBuffer(name, layout, Reduction(out_sizes, rranges, rtype, fn, src_cdt))
+    return g.add_buffer(buf)
+
+
+def _dims(dim):
+    if dim is None:
+        return None
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+@register(aten.sum.dim_IntList, aten.sum.default)
+def sum_(g, x, dim=None, keepdim=False, *, dtype=None):
+    d = _dims(dim)
+    if d is not None and len(d) == 0:
+        d = None
+    return make_reduction(g, x, d, keepdim, "sum")
+
+
+@register(aten.prod.dim_int, aten.prod.default)
+def prod(g, x, dim=None, keepdim=False, *, dtype=None):
+    return make_reduction(g, x, _dims(dim), keepdim, "prod")
+
+
+@register(aten.amax.default)
+def amax(g, x, dim=(), keepdim=False):
+    if not x.dtype.is_floating_point and x.dtype != torch.bool and False:
+        return NotImplemented
+    return make_reduction(g, x, _dims(dim) or None, keepdim, "max")
+
+
+@register(aten.amin.default)
+def amin(g, x, dim=(), keepdim=False):
+    return make_reduction(g, x, _dims(dim) or None, keepdim, "min")
+
+
+@register(aten.max.default)
+def max_all(g, x):
+    return make_reduction(g, x, None, False, "max")
+
+
+@register(aten.min.default)
+def min_all(g, x):
+    return make_reduction(g, x, None, False, "min")
+
+
+@register(aten.argmax.default, aten.argmin.default)
+def argmax(g, x, dim=None, keepdim=False):
+    rtype = "argmax" if g.current_node.target is aten.argmax.default else "argmin"
+    if dim is None:
+        flat = view_of(g, x, [x.numel()], lambda idx: unflatten(idx[0], x.sizes))
+        sizes, _, _ = out_meta(g)
+        return make_reduction(g, flat, [0], keepdim and False, rtype, torch.int64) if not keepdim else NotImplemented
+    return make_reduction(g, x, [dim], keepdim, rtype, torch.int64)
+
+
+@register(aten.max.dim, aten.min.dim)
+def max_dim(g, x, dim, keepdim=False):
+    is_max = g.current_node.target is aten.max.dim
+    fake = fake_of(g.current_node)
+    values = make_reduction_with_fake(g, x, [dim], keepdim, "max" if is_max else "min", fake[0])
+    indices = make_reduction_with_fake(g, x, [dim], keepdim, "argmax" if is_max else "argmin", fake[1])
+    return (values, indices)
+
+
+def make_reduction_with_fake(g, x, dims, keepdim, rtype, fake):
+    node = g.current_node
+
+    class _Shim:   # out_meta reads the current node's metadata; point it at one output
+        pass
+    saved = node.meta.get("val")
+    node.meta["val"] = fake
+    try:
+        return make_reduction(g, x, dims, keepdim, rtype, fake.dtype)
+    finally:
+        node.meta["val"] = saved
+
+
+@register(aten.any.default, aten.any.dim, aten.any.dims)
+def any_(g, x, dim=None, keepdim=False):
+    return make_reduction(g, x, _dims(dim), keepdim, "any", acc_dtype=torch.bool)
+
+
+@register(aten.all.default, aten.all.dim, aten.all.dims)
+def all_(g, x, dim=None, keepdim=False):
+    return make_reduction(g, x, _dims(dim), keepdim, "all", acc_dtype=torch.bool)

@@ -1,0 +1,36 @@
+"""What generated wrapper modules call at run time."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+
+def kernel(lib: ctypes.CDLL, name: str, n_ptrs: int, n_syms: int):
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_void_p] * n_ptrs + [ctypes.c_int64] * n_syms
+    fn.restype = None
+    return fn
+
+
+def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
+    """An extern kernel's result with the strides our kernels were generated for (aten
+    may choose others at run time: then we copy, never read with the wrong strides)."""
+    if tuple(t.shape) != tuple(size):
+        raise RuntimeError(f"extern kernel returned shape {tuple(t.shape)}, expected {tuple(size)}")
+    if all(a == b for a, b, n in zip(t.stride(), stride, size) if n > 1):
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+
+
+class LayoutMismatch(Exception):
+    """An input's strides differ from the ones the kernels were generated for."""
+
+
+def expect_input(t: torch.Tensor, size: tuple, stride: tuple, mutated: bool) -> torch.Tensor:
+    if all(a == b for a, b, n in zip(t.stride(), stride, size) if n > 1) and tuple(t.shape) == tuple(size):
+        return t
+    if mutated or tuple(t.shape) != tuple(size):
+        raise LayoutMismatch
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

@@ -1,0 +1,388 @@
+"""The scheduler: dependency analysis over buffer reads and writes, fusion of IR nodes
+into kernels, and buffer planning (which buffers are stored, freed, reused, updated in
+place). Its output (`Schedule`) is device-neutral: a list of FusedKernel and
+ExternKernel steps that an emitter (C++ now, Triton later) renders.
+
+A kernel is an outer loop nest (`outer`, shared by all its members) holding a sequence of
+phases; a phase is an inner loop nest (`inner`, possibly empty) over which pointwise
+members compute one element and reduction members accumulate. Pointwise producers fuse
+with consumers that read them at the same element (vertical), siblings sharing inputs
+fuse when their loops match (horizontal), pointwise prologues join a reduction's loop
+and epilogues (per row or per element of the row) follow it in later phases."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import sympy
+
+import observe
+
+from . import values as V
+from .index import flatten, index_var, numel, unflatten
+from .ir import ComputedBuffer, ExternKernel, Reduction
+
+
+@dataclasses.dataclass
+class Member:
+    buf: ComputedBuffer
+    inner: tuple                 # inner loop ranges of its phase
+    idx: list                    # output index (kernel vars) the body is evaluated at
+    ridx: Optional[list]         # reduction index (inner vars), reductions only
+    value: V.Value
+    store_index: sympy.Expr
+
+    @property
+    def name(self) -> str:
+        return self.buf.name
+
+    @property
+    def out_inner(self) -> tuple:
+        """Where its result lives: a reduction's is one value per outer iteration."""
+        return () if self.buf.is_reduction else self.inner
+
+
+@dataclasses.dataclass
+class Phase:
+    inner: tuple
+    inner_vars: list
+    members: list
+    reduction: bool
+
+
+@dataclasses.dataclass
+class FusedKernel:
+    name: str
+    outer: tuple
+    outer_vars: list
+    members: list
+    phases: list = dataclasses.field(default_factory=list)
+    stored: set = dataclasses.field(default_factory=set)    # buffers written to memory
+    storage: dict = dataclasses.field(default_factory=dict)  # buffer -> buffer whose memory it uses
+
+    def reads(self) -> set:
+        mine = {m.name for m in self.members}
+        return {ld.name for m in self.members for ld in V.loads(m.value)} - mine
+
+    def writes(self) -> set:
+        return {m.name for m in self.members}
+
+
+@dataclasses.dataclass
+class Schedule:
+    steps: list                  # FusedKernel | ExternKernel
+    allocations: dict            # step index -> [buffer names allocated just before]
+    frees: dict                  # step index -> [buffer names dead after it]
+    reuse: dict                  # new buffer -> freed buffer whose memory it takes
+    log: list                    # schedule decisions, for the `schedule` log
+
+
+def squeeze(sizes) -> tuple:
+    return tuple(s for s in sizes if s != 1)
+
+
+class KernelBuilder:
+    """Places IR nodes in a kernel's loop structure and checks that fusion is legal."""
+
+    def __init__(self, name: str, outer: tuple):
+        self.name = name
+        self.outer = tuple(outer)
+        self.outer_vars = [index_var(f"x{i}", s) for i, s in enumerate(self.outer)]
+        self.members: list[Member] = []
+
+    @staticmethod
+    def inner_vars(inner: tuple) -> list:
+        sig = abs(hash(tuple(str(s) for s in inner))) % 997
+        return [index_var(f"r{i}_{sig}", s) for i, s in enumerate(inner)]
+
+    def _full_index(self, sizes, inner: tuple, contiguous: bool):
+        """Index over `sizes` from (outer vars, inner vars), or None if they do not line up."""
+        loop_vars = self.outer_vars + self.inner_vars(inner)
+        loop_sizes = self.outer + tuple(inner)
+        sq = squeeze(sizes)
+        if sq == loop_sizes:
+            it = iter(loop_vars)
+            return [sympy.Integer(0) if s == 1 else next(it) for s in sizes]
+        if contiguous and sympy.simplify(numel(sizes) - numel(loop_sizes)) == 0:
+            return unflatten(flatten(loop_vars, loop_sizes), sizes)
+        return None
+
+    def place(self, buf: ComputedBuffer, inner: tuple) -> Optional[Member]:
+        d = buf.data
+        contiguous = buf.layout.is_contiguous()
+        if isinstance(d, Reduction):
+            if squeeze(d.reduction_ranges) != tuple(inner):
+                return None
+            idx = self._full_index(d.ranges, (), contiguous)
+            if idx is None:
+                return None
+            rvars = self.inner_vars(inner)
+            it = iter(rvars)
+            ridx = [sympy.Integer(0) if s == 1 else next(it) for s in d.reduction_ranges]
+            value = d.fn(idx, ridx)
+            return Member(buf, tuple(inner), idx, ridx, value, buf.store_index(idx))
+        idx = self._full_index(d.ranges, inner, contiguous)
+        if idx is None:
+            return None
+        return Member(buf, tuple(inner), idx, None, d.fn(idx), buf.store_index(idx))
+
+    def inners(self) -> list:
+        seen = []
+        for m in self.members:
+            if m.inner not in seen:
+                seen.append(m.inner)
+        return seen
+
+    def try_add(self, buf: ComputedBuffer) -> tuple[Optional[Member], str]:
+        if buf.is_reduction:
+            candidates = [squeeze(buf.data.reduction_ranges)]
+        else:
+            candidates = [()] + [i for i in self.inners() if i != ()]
+        for inner in candidates:
+            m = self.place(buf, inner)
+            if m is None:
+                continue
+            ok, why = self.check(self.members + [m])
+            if ok:
+                return m, "fused"
+            return None, why
+        return None, (f"loop ranges differ: node {buf.name} ranges "
+                      f"{list(buf.data.ranges)}{' x ' + str(list(buf.data.reduction_ranges)) if buf.is_reduction else ''}"
+                      f" vs kernel outer {list(self.outer)} inner {self.inners()}")
+
+    def check(self, members) -> tuple[bool, str]:
+        by_name = {m.name: m for m in members}
+        for m in members:
+            for ld in V.loads(m.value):
+                producer = by_name.get(ld.name)
+                if producer is None or producer is m:
+                    continue
+                if producer.out_inner not in ((), m.inner):
+                    return False, f"{m.name} reads {ld.name} across different inner loops"
+                if sympy.expand(ld.extra - producer.store_index) != 0:
+                    return False, (f"{m.name} reads {ld.name} at {ld.extra}, not at the element "
+                                   f"being computed ({producer.store_index})")
+        return True, ""
+
+    def resplit(self, outer: tuple) -> Optional["KernelBuilder"]:
+        """The same members under a shorter outer loop (the rest becomes an inner loop), so
+        that a reduction over the trailing dims can join a pointwise kernel."""
+        n = len(outer)
+        if (tuple(self.outer[:n]) != tuple(outer) or len(outer) == len(self.outer)
+                or any(m.buf.is_reduction or m.inner != () for m in self.members)):
+            return None
+        new = KernelBuilder(self.name, outer)
+        inner = tuple(self.outer[n:])
+        for m in self.members:
+            placed = new.place(m.buf, inner)
+            if placed is None:
+                return None
+            new.members.append(placed)
+        ok, _ = new.check(new.members)
+        return new if ok else None
+
+
+def _initial(name: str, buf: ComputedBuffer) -> KernelBuilder:
+    d = buf.data
+    kb = KernelBuilder(name, squeeze(d.ranges))
+    inner = squeeze(d.reduction_ranges) if buf.is_reduction else ()
+    m = kb.place(buf, inner)
+    assert m is not None
+    kb.members.append(m)
+    return kb
+
+
+def schedule(nodes: list, output_buffers: set, graph_inputs: set) -> Schedule:
+    with observe.stage("scheduling"):
+        return _schedule(nodes, output_buffers, graph_inputs)
+
+
+def _schedule(nodes, output_buffers, graph_inputs) -> Schedule:
+    steps: list = []           # KernelBuilder | ExternKernel
+    producer_step: dict = {}   # buffer -> step index
+    decisions: list[str] = []
+    counter = 0
+
+    def step_reads(s):
+        if isinstance(s, ExternKernel):
+            return s.reads()
+        return {ld.name for m in s.members for ld in V.loads(m.value)}
+
+    def step_writes(s):
+        if isinstance(s, ExternKernel):
+            return {o.name for o in s.outputs} | s.mutates
+        return {m.name for m in s.members}
+
+    for node in nodes:
+        if isinstance(node, ExternKernel):
+            steps.append(node)
+            for name in step_writes(node):
+                producer_step.setdefault(name, len(steps) - 1)
+            for name in node.mutates:
+                producer_step[name] = len(steps) - 1
+            decisions.append(f"{node.name}: extern kernel {node.op}")
+            continue
+        reads = node.reads()
+        dep_steps = [producer_step[r] for r in reads if r in producer_step]
+        earliest = max(dep_steps, default=-1)
+        placed = False
+        for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):
+            s = steps[i]
+            if isinstance(s, ExternKernel):
+                continue
+            shared = reads & (step_writes(s) | step_reads(s))
+            if not shared:
+                continue
+            relation = "consumer of" if reads & step_writes(s) else "sibling of"
+            # moving the node up to step i must not cross a write of something it reads
+            later_writes = set().union(*[step_writes(steps[j]) for j in range(i + 1, len(steps))]) \
+                if i + 1 < len(steps) else set()
+            if reads & later_writes:
+                _fusion_log(node.name, s.name, relation, False, "a later step writes one of its inputs")
+                continue
+            m, why = s.try_add(node)
+            if m is None and node.is_reduction and not any(x.buf.is_reduction for x in s.members):
+                alt = s.resplit(squeeze(node.data.ranges))
+                if alt is not None:
+                    m, why = alt.try_add(node)
+                    if m is not None:
+                        s.outer, s.outer_vars, s.members = alt.outer, alt.outer_vars, alt.members
+            if m is None and not node.is_reduction and squeeze(node.data.ranges) != s.outer:
+                alt = s.resplit(squeeze(node.data.ranges)) if len(squeeze(node.data.ranges)) < len(s.outer) else None
+                if alt is not None:
+                    m2, why2 = alt.try_add(node)
+                    if m2 is not None:
+                        s.outer, s.outer_vars, s.members = alt.outer, alt.outer_vars, alt.members
+                        m, why = m2, why2
+            if m is None:
+                _fusion_log(node.name, s.name, relation, False, why)
+                continue
+            s.members.append(m)
+            _fusion_log(node.name, s.name, relation, True, f"shares {sorted(shared)}")
+            producer_step[node.name] = i
+            placed = True
+            break
+        if not placed:
+            kb = _initial(f"kernel{counter}", node)
+            counter += 1
+            steps.append(kb)
+            producer_step[node.name] = len(steps) - 1
+
+    return _plan(steps, output_buffers, graph_inputs, decisions)
+
+
+def _fusion_log(node, kernel, relation, made, why):
+    observe.emit("artifact", {"name": "fusion", "encoding": "string"},
+                 lambda: f"{'fused' if made else 'refused'}: {node} into {kernel} ({relation} it): {why}",
+                 log="fusion")
+
+
+def _phases(kb: KernelBuilder) -> list[Phase]:
+    phases: list[Phase] = []
+    for m in kb.members:
+        reads = {ld.name for ld in V.loads(m.value)}
+        cur = phases[-1] if phases else None
+        if (cur is None or cur.inner != m.inner
+                or any(x.buf.is_reduction and x.name in reads for x in cur.members)
+                or (cur.inner == () and cur.reduction)):
+            cur = Phase(m.inner, KernelBuilder.inner_vars(m.inner), [], False)
+            phases.append(cur)
+        cur.members.append(m)
+        cur.reduction = cur.reduction or m.buf.is_reduction
+    return phases
+
+
+def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
+    # who reads what, per step
+    readers: dict = {}
+    for i, s in enumerate(steps):
+        names = s.reads() if isinstance(s, ExternKernel) else {ld.name for m in s.members for ld in V.loads(m.value)}
+        for n in names:
+            readers.setdefault(n, set()).add(i)
+
+    final: list = []
+    for i, s in enumerate(steps):
+        if isinstance(s, ExternKernel):
+            final.append(s)
+            continue
+        fk = FusedKernel(s.name, s.outer, s.outer_vars, s.members, _phases(s))
+        phase_of = {m.name: p for p, ph in enumerate(fk.phases) for m in ph.members}
+        mine = set(phase_of)
+        for m in fk.members:
+            outside = readers.get(m.name, set()) - {i}
+            cross_phase = any(
+                ld.name == m.name and phase_of[x.name] != phase_of[m.name] and m.out_inner != ()
+                for x in fk.members for ld in V.loads(x.value))
+            if m.name in output_buffers or outside or cross_phase:
+                fk.stored.add(m.name)
+        local = sorted(mine - fk.stored)
+        decisions.append(
+            f"{fk.name}: outer {list(fk.outer)}, phases "
+            + "; ".join(f"[{', '.join(m.name for m in ph.members)}] inner {list(ph.inner)}" for ph in fk.phases)
+            + f"; stores {sorted(fk.stored)}" + (f"; kept in registers {local}" if local else ""))
+        final.append(fk)
+
+    # lifetimes: allocate each stored buffer before its step, free after its last reader
+    produced_at: dict = {}
+    for i, s in enumerate(final):
+        for n in (s.stored if isinstance(s, FusedKernel) else ()):
+            produced_at[n] = i
+    last_use: dict = {}
+    for n, rs in readers.items():
+        last_use[n] = max(rs)
+    extern_read = set().union(*[s.reads() | s.mutates for s in final if isinstance(s, ExternKernel)]) if final else set()
+    allocations: dict = {}
+    frees: dict = {}
+    reuse: dict = {}
+    free_pool: list = []     # (buffer, layout key)
+    layouts = {m.name: m.buf.layout for s in final if isinstance(s, FusedKernel) for m in s.members}
+
+    def key(layout):
+        return (tuple(layout.sizes), tuple(layout.strides), layout.dtype)
+
+    for i, s in enumerate(final):
+        if isinstance(s, FusedKernel):
+            for n in sorted(s.stored):
+                # in place: an input read only at the element being written, dead after this step
+                target = _inplace_candidate(s, n, readers, last_use, i, output_buffers, graph_inputs,
+                                            extern_read, layouts)
+                if target is not None:
+                    s.storage[n] = s.storage.get(target, target)
+                    reuse[n] = target
+                    decisions.append(f"{s.name}: {n} computed in place in {target}'s memory")
+                    allocations.setdefault(i, []).append(n)
+                    continue
+                match = next((f for f in free_pool if f[1] == key(layouts[n])), None)
+                if match is not None and n not in output_buffers:
+                    free_pool.remove(match)
+                    reuse[n] = match[0]
+                    decisions.append(f"{s.name}: {n} reuses the memory of {match[0]} (dead)")
+                allocations.setdefault(i, []).append(n)
+        dead = [n for n, last in last_use.items() if last == i and n in layouts and n not in output_buffers
+                and n in produced_at]
+        if dead:
+            frees[i] = sorted(dead)
+            for n in sorted(dead):
+                if n not in extern_read and n not in graph_inputs and n not in set(reuse.values()):
+                    free_pool.append((n, key(layouts[n])))
+    return Schedule(final, allocations, frees, reuse, decisions)
+
+
+def _inplace_candidate(fk: FusedKernel, name, readers, last_use, step, outputs, graph_inputs, extern_read, layouts):
+    me = next(m for m in fk.members if m.name == name)
+    order = {m.name: k for k, m in enumerate(fk.members)}
+    for ld in V.loads(me.value):
+        cand = ld.name
+        if (cand in outputs or cand in graph_inputs or cand in extern_read or cand not in layouts
+                or last_use.get(cand) != step or cand in {m.name for m in fk.members}):
+            continue
+        a, b = layouts[cand], layouts[name]
+        if (tuple(a.sizes), tuple(a.strides), a.dtype) != (tuple(b.sizes), tuple(b.strides), b.dtype):
+            continue
+        if any(ld2.name == cand and (sympy.expand(ld2.extra - me.store_index) != 0 or order[m.name] > order[name]
+                                     or m.inner != me.inner)
+               for m in fk.members for ld2 in V.loads(m.value)):
+            continue
+        return cand
+    return None

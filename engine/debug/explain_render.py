@@ -1,0 +1,116 @@
+"""How an `ExplainOutput` prints. The text follows PyTorch's `torch._dynamo.explain`:
+
+    Graph Count: 3
+    Graph Break Count: 2
+    Op Count: 5
+    Break Reasons:
+      Break Reason 1:
+        Reason: Call to a builtin that cannot be traced: print
+        Registry Id: GB0001
+        Hint: Move the call out of the compiled function, ...
+        User Stack:
+          <FrameSummary file toy.py, line 5 in toy_example>
+    Ops per Graph:
+      Ops 1:
+        <built-in method abs of type object at 0x...>
+    Out Guards:
+      Guard 1:
+        ...
+
+plain when piped, styled with `rich` on a terminal (same lines, same order). It reads
+the output object by attribute, so any object with those fields renders.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import Any, Optional
+
+# (text, style) lines; style is a rich style name or "".
+Line = tuple[str, str]
+
+
+def lines(out: Any) -> list[Line]:
+    result: list[Line] = [
+        (f"Graph Count: {getattr(out, 'graph_count', 0)}", "bold"),
+        (f"Graph Break Count: {getattr(out, 'graph_break_count', 0)}", "bold"),
+        (f"Op Count: {getattr(out, 'op_count', 0)}", "bold"),
+        ("Break Reasons:", "bold cyan"),
+    ]
+    for i, br in enumerate(getattr(out, "break_reasons", None) or [], 1):
+        result.append((f"  Break Reason {i}:", "bold"))
+        result.append((f"    Reason: {_field(br, 'reason')}", "yellow"))
+        registry_id = _field(br, "graph_break_id", None) or _field(br, "registry_id", None) or _field(br, "id", None)
+        if registry_id:
+            result.append((f"    Registry Id: {registry_id}", "dim"))
+        hint = _field(br, "hint", None)
+        if hint:
+            result.append((f"    Hint: {hint}", "green"))
+        result.append(("    User Stack:", ""))
+        for frame in _field(br, "user_stack", None) or []:
+            result.append((f"      {format_frame(frame)}", "dim"))
+    ops_per_graph = getattr(out, "ops_per_graph", None)
+    if ops_per_graph is not None:
+        result.append(("Ops per Graph:", "bold cyan"))
+        for i, ops in enumerate(ops_per_graph, 1):
+            result.append((f"  Ops {i}:", "bold"))
+            result += [(f"    {op}", "") for op in ops]
+    out_guards = getattr(out, "out_guards", None)
+    if out_guards is not None:
+        result.append(("Out Guards:", "bold cyan"))
+        for i, guard in enumerate(out_guards, 1):
+            result.append((f"  Guard {i}:", "bold"))
+            result += [(f"    {text}", "") for text in str(guard).splitlines() or [""]]
+    compile_times = getattr(out, "compile_times", None)
+    if compile_times is not None:
+        result.append((f"Compile Times: {compile_times}", ""))
+    return result
+
+
+def format_frame(frame: Any) -> str:
+    """A user frame as PyTorch shows one: `<FrameSummary file foo.py, line 5 in fn>`."""
+    if isinstance(frame, dict):
+        filename = frame.get("filename")
+        lineno = frame.get("line", frame.get("lineno"))
+        name = frame.get("name")
+        return f"<FrameSummary file {filename}, line {lineno} in {name}>"
+    if all(hasattr(frame, a) for a in ("filename", "lineno", "name")):
+        return f"<FrameSummary file {frame.filename}, line {frame.lineno} in {frame.name}>"
+    return str(frame)
+
+
+def _field(obj: Any, name: str, default: Any = "") -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def render(out: Any, color: Optional[bool] = None, width: Optional[int] = None) -> str:
+    """The text of `print(out)`. `color=None` styles it when stdout is a terminal."""
+    from observe.tables import wants_color
+
+    if color is None:
+        color = wants_color(sys.stdout)
+    rendered = lines(out)
+    if not color:
+        return "\n".join(text for text, _ in rendered) + "\n"
+    from rich.console import Console
+    from rich.text import Text
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width or 200, highlight=False, soft_wrap=True)
+    for text, style in rendered:
+        console.print(Text(text, style=style or ""))
+    return buf.getvalue()
+
+
+def render_plain(out: Any) -> str:
+    return render(out, color=False)
+
+
+def print_explain(out: Any, file=None) -> None:
+    stream = file or sys.stdout
+    from observe.tables import wants_color
+
+    stream.write(render(out, color=wants_color(stream)))

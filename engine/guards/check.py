@@ -1,0 +1,134 @@
+"""Compile a cache entry's guards into ONE generated Python function (the fast path)
+and keep a slow path that lists every failing guard as a sentence."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import sys
+from typing import Any, Callable
+
+import torch
+
+from .guard import Guard, TensorMeta, global_state
+from .render import expression
+
+
+def _global_state_tuple():
+    return tuple(global_state().values())
+
+
+def _condition(g: Guard, i: int, ns: dict) -> str:
+    s = g.source
+    e = g.expected
+    k = f"___e{i}"
+    if g.kind == "TENSOR_MATCH":
+        m: TensorMeta = e
+        ns[k + "_type"], ns[k + "_dtype"], ns[k + "_device"] = m.type, m.dtype, m.device
+        ns[k + "_sizes"], ns[k + "_strides"] = tuple(m.sizes), tuple(m.strides)
+        v = f"___t{i}"
+        return (f"type({v} := {s}) is {k}_type and {v}.dtype is {k}_dtype and {v}.device == {k}_device "
+                f"and {v}.requires_grad is {bool(m.requires_grad)} and {v}.size() == {k}_sizes "
+                f"and {v}.stride() == {k}_strides")
+    if g.kind == "TYPE_MATCH":
+        ns[k] = e
+        return f"type({s}) is {k}"
+    if g.kind == "ID_MATCH":
+        ns[k] = e
+        return f"{s} is {k}"
+    if g.kind == "EQUALS_MATCH":
+        if e is None or e is True or e is False or e is Ellipsis:
+            return f"{s} is {e!r}"
+        ns[k], ns[k + "_type"] = e, type(e)
+        return f"type(___v{i} := {s}) is {k}_type and ___v{i} == {k}"
+    if g.kind == "LENGTH_CHECK":
+        return f"len({s}) == {int(e)}"
+    if g.kind == "DICT_KEYS":
+        ns[k] = list(e)
+        return f"list({s}.keys()) == {k}"
+    if g.kind == "HASATTR":
+        name, present = e
+        return f"hasattr({s}, {name!r}) is {bool(present)}"
+    if g.kind == "GLOBAL_STATE":
+        ns[k] = tuple(e.values())
+        return f"___global_state() == {k}"
+    if g.kind == "DUPLICATE_INPUT":
+        return f"{s} is {e}"
+    raise ValueError(f"unknown guard kind {g.kind}")
+
+
+@dataclasses.dataclass
+class CompiledGuards:
+    guards: list
+    check: Callable[[dict, dict], bool]   # the generated fast path
+    code: str                             # its source, for debugging
+    namespace: dict
+
+    def failures(self, L: dict, G: dict) -> list[str]:
+        """Every failing guard as a sentence (the slow path, used for recompile reasons)."""
+        out = []
+        for i, g in enumerate(self.guards):
+            msg = explain_failure(g, i, L, G, self.namespace)
+            if msg:
+                out.append(msg)
+        return out
+
+
+def _base_namespace() -> dict:
+    return {"___global_state": _global_state_tuple, "__builtins__": builtins, "sys": sys, "torch": torch}
+
+
+def compile_guards(guards: list[Guard]) -> CompiledGuards:
+    ns = _base_namespace()
+    conds = [_condition(g, i, ns) for i, g in enumerate(guards)]
+    body = "\n".join(f"        if not ({c}):\n            return False" for c in conds) or "        pass"
+    code = ("def ___check_guards(L, G):\n"
+            "    try:\n"
+            f"{body}\n"
+            "    except Exception:\n"
+            "        return False\n"
+            "    return True\n")
+    exec(compile(code, "<engine guards>", "exec"), ns)
+    return CompiledGuards(list(guards), ns["___check_guards"], code, ns)
+
+
+def _eval(expr: str, L: dict, G: dict, ns: dict) -> Any:
+    return eval(expr, {**ns, "L": L, "G": G})
+
+
+def explain_failure(g: Guard, i: int, L: dict, G: dict, ns: dict) -> str | None:
+    try:
+        if g.kind == "TENSOR_MATCH":
+            v = _eval(g.source, L, G, ns)
+            m: TensorMeta = g.expected
+            name = g.source
+            if not isinstance(v, torch.Tensor):
+                return f"{name} is not a tensor (got {type(v).__name__})"
+            if type(v) is not m.type:
+                return f"tensor '{name}' type mismatch. expected {m.type.__name__}, actual {type(v).__name__}"
+            if v.dtype != m.dtype:
+                return f"tensor '{name}' dtype mismatch. expected {m.dtype}, actual {v.dtype}"
+            if v.device != m.device:
+                return f"tensor '{name}' device mismatch. expected {m.device}, actual {v.device}"
+            if v.requires_grad != m.requires_grad:
+                return f"tensor '{name}' requires_grad mismatch. expected requires_grad={int(m.requires_grad)}"
+            if v.dim() != len(m.sizes):
+                return f"tensor '{name}' rank mismatch. expected {len(m.sizes)}, actual {v.dim()}"
+            for d, (a, b) in enumerate(zip(m.sizes, v.size())):
+                if a != b:
+                    return f"tensor '{name}' size mismatch at index {d}. expected {a}, actual {b}"
+            for d, (a, b) in enumerate(zip(m.strides, v.stride())):
+                if a != b:
+                    return f"tensor '{name}' stride mismatch at index {d}. expected {a}, actual {b}"
+            return None
+        local_ns = dict(ns)
+        cond = _condition(g, i, local_ns)
+        if _eval(cond, L, G, local_ns):
+            return None
+        if g.kind == "GLOBAL_STATE":
+            now = global_state()
+            diffs = [f"{k}: expected {g.expected[k]}, actual {now.get(k)}" for k in g.expected if now.get(k) != g.expected[k]]
+            return "global state changed: " + "; ".join(diffs)
+        return expression(g)
+    except Exception as exc:
+        return f"{expression(g)} (evaluating it raised {type(exc).__name__}: {exc})"

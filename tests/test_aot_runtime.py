@@ -1,0 +1,222 @@
+"""The AOT stage runs a captured graph with eager's results: outputs, gradients, input
+mutations, views, BatchNorm statistics, optimizer steps, for both aot backends."""
+
+import copy
+
+import pytest
+import torch
+import torch.fx
+
+from engine.aot import aot_compile
+from engine.backends.aot_eager import aot_eager, aot_eager_decomp_partition, run_graph
+
+BACKENDS = [aot_eager, aot_eager_decomp_partition]
+
+
+def close(a, b, **kw):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, **kw)
+
+
+def clone_args(args):
+    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def run_both(backend, module, args, backward=True):
+    """Eager on one copy of module and inputs, compiled on another; compare everything."""
+    eager_mod, comp_mod = module, copy.deepcopy(module)
+    gm = torch.fx.symbolic_trace(comp_mod)
+    eager_args, comp_args = clone_args(args), clone_args(args)
+    compiled = backend(gm, clone_args(args))
+    expected, got = eager_mod(*eager_args), compiled(*comp_args)
+    close(got, expected)
+    for a, b in zip(comp_args, eager_args):
+        close(a, b)
+    if backward:
+        outs_e = expected if isinstance(expected, (tuple, list)) else [expected]
+        outs_c = got if isinstance(got, (tuple, list)) else [got]
+        torch.manual_seed(1)
+        cot = [torch.randn_like(o) if o.is_floating_point() else None for o in outs_e]
+        torch.autograd.backward([o for o in outs_e if o.requires_grad], [c for o, c in zip(outs_e, cot) if o.requires_grad])
+        torch.autograd.backward([o for o in outs_c if o.requires_grad], [c for o, c in zip(outs_c, cot) if o.requires_grad])
+        for a, b in zip(comp_args, eager_args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                close(a.grad, b.grad)
+        for (name, p), (_, q) in zip(comp_mod.named_parameters(), eager_mod.named_parameters()):
+            close(p.grad, q.grad, msg=f"grad of {name}")
+    for (name, p), (_, q) in zip(comp_mod.named_buffers(), eager_mod.named_buffers()):
+        close(p, q, msg=f"buffer {name}")
+    return compiled, got
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(x))).tanh()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inference_graph_gives_eager_outputs(backend):
+    with torch.no_grad():
+        run_both(backend, MLP(), [torch.randn(4, 8)], backward=False)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_training_outputs_and_gradients_match_eager(backend):
+    run_both(backend, MLP(), [torch.randn(4, 8, requires_grad=True)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_optimizer_steps_track_eager(backend):
+    torch.manual_seed(0)
+    eager = MLP()
+    comp = copy.deepcopy(eager)
+    compiled = backend(torch.fx.symbolic_trace(comp), [torch.randn(4, 8)])
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, comp)]
+    for step in range(3):
+        x, y = torch.randn(4, 8), torch.randn(4, 4)
+        for model, opt, fn in ((eager, opts[0], eager), (comp, opts[1], compiled)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(fn(x), y)
+            loss.backward()
+            opt.step()
+    for p, q in zip(comp.parameters(), eager.parameters()):
+        close(p, q)
+
+
+class MutatesInput(torch.nn.Module):
+    def forward(self, x, y):
+        y.add_(1)               # an input mutated in place: written back after the call
+        return x * y, y.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_mutation_is_applied_to_the_real_input(backend):
+    run_both(backend, MutatesInput(), [torch.randn(3, requires_grad=True), torch.randn(3)])
+
+
+class BN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batchnorm_train_updates_running_stats(backend):
+    module = BN().train()
+    run_both(backend, module, [torch.randn(2, 3, 6, 6, requires_grad=True)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batchnorm_eval_inference(backend):
+    module = BN().eval()
+    module.bn.running_mean.uniform_()
+    with torch.no_grad():
+        run_both(backend, module, [torch.randn(2, 3, 6, 6)], backward=False)
+
+
+class Views(torch.nn.Module):
+    def forward(self, x):
+        return x.view(-1), x.t(), x[1], (x * 2).view(-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_that_alias_inputs_are_real_views(backend):
+    x = torch.randn(3, 4, requires_grad=True)
+    compiled, (flat, t, row, doubled) = run_both(backend, Views(), [x])
+    base = torch.randn(3, 4)
+    outs = compiled(base)
+    assert outs[0]._base is base and outs[1]._base is base and outs[2]._base is base
+    base.add_(1)      # eager's views see later writes to the input
+    close(outs[1], base.t())
+    close(outs[2], base[1])
+
+
+class Mixed(torch.nn.Module):
+    def forward(self, a, b, n):
+        return (a * b).sum(dim=n), a.detach() + 1, (b > 0).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_requires_grad_and_non_differentiable_outputs(backend):
+    a, b = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4)
+    compiled, outs = run_both(backend, Mixed(), [a, b, 1])
+    assert outs[0].requires_grad and not outs[1].requires_grad and outs[2].dtype == torch.int64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_no_grad_call_of_a_graph_compiled_with_grad(backend):
+    model = MLP()
+    compiled = backend(torch.fx.symbolic_trace(model), [torch.randn(4, 8, requires_grad=True)])
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.no_grad():
+        out = compiled(x)
+        expected = model(x)
+    assert not out.requires_grad
+    close(out, expected)
+    assert len(compiled.cache) == 2          # a training entry and an inference entry
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_new_shapes_recompile_and_stay_correct(backend):
+    model = MLP()
+    compiled = backend(torch.fx.symbolic_trace(model), [torch.randn(4, 8)])
+    for batch in (4, 7, 1):
+        x = torch.randn(batch, 8, requires_grad=True)
+        out = compiled(x)
+        close(out, model(x))
+        out.sum().backward()
+    assert len(compiled.cache) >= 3
+
+
+def test_double_backward_is_refused_with_a_clear_error():
+    def f(x):
+        return (x.sin() ** 2).sum()
+
+    compiled = aot_eager(torch.fx.symbolic_trace(f), [torch.randn(3, requires_grad=True)])
+    x = torch.randn(3, requires_grad=True)
+    (g,) = torch.autograd.grad(compiled(x), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        g.sum().backward()
+
+
+def test_compilers_receive_functional_aten_graphs_with_flat_io():
+    seen = {}
+
+    def recording(name):
+        def compiler(gm, example_inputs):
+            seen[name] = (gm, example_inputs)
+            return gm
+        return compiler
+
+    compiled = aot_compile(torch.fx.symbolic_trace(MutatesInput()), [torch.randn(3, requires_grad=True), torch.randn(3)],
+                           fw_compiler=recording("fw"), bw_compiler=recording("bw"))
+    for name in ("fw", "bw"):
+        gm, examples = seen[name]
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        assert len(placeholders) == len(examples)
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and hasattr(node.target, "_schema"):
+                assert not node.target._schema.is_mutable, f"{name} graph mutates: {node.format_node()}"
+                assert node.target.namespace in ("aten", "prims")
+    out = seen["fw"][0](*seen["fw"][1])
+    assert isinstance(out, tuple)
+    x, y = torch.randn(3, requires_grad=True), torch.zeros(3)
+    compiled(x, y)
+    close(y, torch.ones(3))
+
+
+def test_get_attr_parameters_are_lifted_and_read_live():
+    model = MLP()
+    gm = torch.fx.symbolic_trace(model)
+    compiled = aot_compile(gm, [torch.randn(2, 8)], fw_compiler=run_graph)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        model.fc2.bias.add_(10.0)       # an update after compile is seen: parameters are inputs
+        close(compiled(x), model(x))

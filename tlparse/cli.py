@@ -1,0 +1,96 @@
+"""The `tlparse` command: a TORCH_TRACE directory or log file -> a report directory.
+
+    tlparse /tmp/trace -o /tmp/report            # writes and opens /tmp/report/index.html
+    tlparse /tmp/trace --latest --no-browser     # the newest log of the directory
+    tlparse /tmp/trace --all-ranks-html          # one report over every rank's log
+    tlparse trace.log --plain-text -o out        # text files that diff cleanly
+    tlparse trace.log --strict                   # exit 1 if any line could not be parsed
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import webbrowser
+from typing import Optional
+
+from . import __version__
+from .report import Options
+
+
+class UsageError(Exception):
+    pass
+
+
+def find_logs(path: str, latest: bool, all_ranks: bool) -> list[str]:
+    if os.path.isfile(path):
+        return [path]        # --latest on a file means that file
+    if not os.path.isdir(path):
+        raise UsageError(f"{path}: no such file or directory")
+    logs = sorted(os.path.join(path, n) for n in os.listdir(path)
+                  if os.path.isfile(os.path.join(path, n)) and not n.startswith("."))
+    preferred = [p for p in logs if p.endswith(".log")] or logs
+    if not preferred:
+        raise UsageError(f"{path}: the directory holds no log file")
+    if latest:
+        return [max(preferred, key=lambda p: (os.path.getmtime(p), p))]
+    return preferred
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="tlparse", description="Turn a TORCH_TRACE directory or log file into an "
+                                 "HTML report of what the compiler did.")
+    ap.add_argument("path", help="a TORCH_TRACE directory or one log file")
+    ap.add_argument("-o", "--output", default="tl_out", help="report directory (default: tl_out)")
+    ap.add_argument("--no-browser", action="store_true", help="do not open the report in a browser")
+    ap.add_argument("--overwrite", action="store_true", help="replace the output directory if it exists")
+    ap.add_argument("--latest", action="store_true", help="only the newest log file of the directory")
+    ap.add_argument("--all-ranks-html", action="store_true", help="one report over every rank's log")
+    ap.add_argument("--strict", action="store_true", help="exit with status 1 if any line could not be parsed")
+    ap.add_argument("-p", "--plain-text", action="store_true", help="write text files that diff cleanly, not HTML")
+    ap.add_argument("-V", "--version", action="version", version=f"tlparse {__version__}")
+    args = ap.parse_args(argv)
+    command = "tlparse " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    try:
+        logs = find_logs(args.path, args.latest, args.all_ranks_html)
+        out = args.output
+        if os.path.exists(out):
+            if not args.overwrite:
+                raise UsageError(f"{out} exists; pass --overwrite to replace it (or -o another directory)")
+            if os.path.isdir(out) and not os.path.islink(out):
+                shutil.rmtree(out)
+            else:
+                os.remove(out)
+    except UsageError as exc:
+        print(f"tlparse: error: {exc}", file=sys.stderr)
+        return 2
+    opts = Options(plain=args.plain_text, command=command)
+    if args.all_ranks_html or len(logs) > 1:
+        from .ranks import render_ranks
+        if len(logs) > 1 and not args.all_ranks_html:
+            print(f"tlparse: {len(logs)} logs in {args.path}: one report per log, compared side by side "
+                  "(as --all-ranks-html)", file=sys.stderr)
+        summaries = render_ranks(logs, out, opts)
+        unparsed = sum(s.unparsed for s in summaries)
+        print(f"tlparse: {len(summaries)} rank(s), {unparsed} unparsed line(s) -> {out}", file=sys.stderr)
+    else:
+        from .report import render_log
+        col = render_log(logs, out, opts)
+        unparsed = col.unparsed_count
+        n = sum(1 for k in col.compiles if k != (None, None, None))
+        print(f"tlparse: {col.records} records, {n} compiles, {unparsed} unparsed line(s) -> {out}",
+              file=sys.stderr)
+    index = os.path.join(out, "index.txt" if args.plain_text else "index.html")
+    if not args.no_browser and not args.plain_text:
+        webbrowser.open("file://" + os.path.abspath(index))
+    if args.strict and unparsed:
+        print(f"tlparse: --strict: {unparsed} line(s) could not be parsed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

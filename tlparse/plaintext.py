@@ -1,0 +1,123 @@
+"""`--plain-text`: the same report as text files that diff cleanly between two runs.
+
+No timestamps, pids, durations or memory addresses appear in index.txt and the per-compile
+files (payloads have 0x... addresses and uuids masked); everything that varies from run to
+run (compile times, stage times, graph-break time costs) goes to timings.txt alone."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+from . import __version__, stacktrie
+from .collect import Collector
+from .report import Options, failures, frame_name, frame_where, frames_of, real_compiles
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return textwrap.indent(text, by, lambda _: True)
+
+
+def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
+    comps = real_compiles(col)
+    frames = frames_of(col)
+    lines = [f"tlparse {__version__} plain-text report", ""]
+    v = col.versions
+    lines += ["== About",
+              f"inputs: {', '.join(os.path.basename(p) for p, _ in inputs)}",
+              f"records: {col.records}  unparsed lines: {col.unparsed_count}",
+              f"torch version: {v.get('pytorch_version') or v.get('torch_version') or 'not in the trace'}",
+              f"python version (traced program): {v.get('python_version') or 'not in the trace'}",
+              f"compiler config: {', '.join(sorted(col.config)) or 'not in the trace'}",
+              "event kinds: " + ", ".join(f"{k}={n}" for k, n in sorted(col.counts.items())), ""]
+    lines += ["== Summary",
+              f"compiles: {len(comps)}  frames: {len(frames)}  distinct graph breaks: {len(col.breaks)}  "
+              f"recompiles: {sum(len(x) - 1 for x in frames.values())}  "
+              f"failures: {sum(1 for c in comps if c.fail_type)}  "
+              f"restarts: {sum(len(c.restart_reasons) for c in comps)}", ""]
+    lines.append("== Graph breaks (by frames caused)")
+    groups = sorted(col.breaks.values(), key=lambda g: (-g.frames_caused, str(g.info.user_file), g.info.user_line or 0,
+                                                       g.info.reason))
+    for i, g in enumerate(groups, 1):
+        info = g.info
+        lines.append(f"{i}. {info.reason}")
+        lines.append(f"   at {info.user_file}:{info.user_line}" + (f"  | {info.user_code}" if info.user_code else ""))
+        if info.explanation:
+            lines.append(f"   explanation: {info.explanation}")
+        lines += [f"   hint: {h}" for h in info.hints]
+        lines.append(f"   compiles: {' '.join(col.compiles[k].label for k in g.compiles if k in col.compiles)}"
+                     f"  resumed: {' '.join(col.compiles[k].label for k in g.resume_compiles) or '-'}"
+                     f"  frames caused: {g.frames_caused}")
+    if not groups:
+        lines.append("none")
+    lines += ["", "== Recompiles"]
+    any_re = False
+    for cs in frames.values():
+        if len(cs) < 2:
+            continue
+        any_re = True
+        lines.append(f"{frame_name(cs[0])} ({frame_where(cs[0])}): {len(cs)} compiles")
+        for c in cs[1:]:
+            for r in c.recompile or []:
+                extra = "".join([f" expected={r.expected}" if r.expected else "", f" actual={r.actual}" if r.actual else "",
+                                 f" at {r.user_line}" if r.user_line else "", f" | {r.user_code}" if r.user_code else ""])
+                lines.append(f"  {c.label} entry {r.entry}: {r.guard}{extra}")
+            if not c.recompile:
+                lines.append(f"  {c.label}: no reason in the trace")
+    if not any_re:
+        lines.append("none")
+    lines += ["", "== Failures and restarts"]
+    fl = failures(col)
+    for c, kind, reason, where in fl:
+        lines.append(f"{c.label} {kind}{' at ' + where if where else ''}")
+        lines.append(_indent(reason.strip()))
+    if not fl:
+        lines.append("none")
+    lines += ["", "== Stack trie", stacktrie.render_text(stacktrie.build(comps)) or "(empty)", ""]
+    lines.append("== Compiles")
+    for c in comps:
+        lines.append(f"{c.label} {frame_name(c)} {c.status()} artifacts={len(c.artifacts)} -> compiles/{c.slug}.txt")
+    lines += ["", f"== Unparsed lines: {col.unparsed_count}"]
+    lines += [f"line {u.lineno}: {u.error}: {u.text[:200]}" for u in col.unparsed]
+    _write(out, "index.txt", "\n".join(lines) + "\n")
+
+    for c in col.compiles.values():
+        _write(out, f"compiles/{c.slug}.txt", compile_text(c))
+
+    t = ["Compile times (vary between runs; kept out of index.txt)", ""]
+    for c in sorted(comps, key=lambda c: -(c.compile_time_s() or 0)):
+        if c.compile_time_s():
+            t.append(f"{c.label} {frame_name(c)}: {c.compile_time_s():.6f} s")
+            for k, us in sorted(c.stages.items(), key=lambda kv: -kv[1]):
+                t.append(f"    {k}: {us / 1e6:.6f} s")
+    t += ["", "Graph-break time caused"]
+    t += [f"{g.info.reason} at {g.info.user_file}:{g.info.user_line}: {g.time_caused_s:.6f} s" for g in groups]
+    _write(out, "timings.txt", "\n".join(t) + "\n")
+
+
+def compile_text(c) -> str:
+    lines = [f"{c.label} {frame_name(c)} ({c.status()})", f"where: {frame_where(c)}"]
+    if c.stack:
+        lines.append("stack:")
+        lines += [f"  {fr}" + (f"  | {loc}" if loc else "") for fr, loc in c.stack]
+    for r in c.recompile:
+        lines.append(f"recompiled because entry {r.entry}: {r.guard}"
+                     + (f" (expected {r.expected}, actual {r.actual})" if r.expected else ""))
+    if c.fail_type:
+        lines += [f"failure: {c.fail_type} {c.fail_where or ''}", _indent(c.fail_reason or "")]
+    for r in c.restart_reasons:
+        lines += ["restart:", _indent(r)]
+    if c.metrics_text:
+        lines += ["compilation metrics (times in timings.txt):", _indent(c.metrics_text)]
+    if c.bwd_metrics_text:
+        lines += ["backward compilation metrics:", _indent(c.bwd_metrics_text)]
+    lines.append("artifacts:")
+    lines += [f"  attempt {a.attempt}: {a.name} -> {a.url}" for a in c.artifacts]
+    return "\n".join(lines) + "\n"
+
+
+def _write(out: str, rel: str, text: str) -> None:
+    path = os.path.join(out, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
