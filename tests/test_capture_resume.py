@@ -404,3 +404,33 @@ def test_resuming_at_every_statement_of_a_run_gives_the_same_result():
         resume = make_resume_code(code, offset, 0, live)
         fn = make_function(resume, _collatz_like)
         assert fn(*[local_values[a] for a in resume.argnames]) == expected, offset
+
+
+def test_try_blocks_after_the_resume_point_still_catch():
+    def g(x):
+        print(x)
+        try:
+            r = 10 // x
+        except ZeroDivisionError:
+            r = -1
+        return r
+
+    fn = make_function(resume_after(g, "print"), g)
+    assert (fn(None, 0), fn(None, 5)) == (-1, 2)
+
+
+def test_closures_created_after_the_break_capture_the_shared_cell():
+    def g(x):
+        print(x)
+        x = x + 1
+
+        def get():
+            return x
+
+        return get()
+
+    resume = resume_after(g, "print")
+    assert "x" not in resume.argnames and resume.closure_names == ["x"]
+    cell = types.CellType(4)
+    fn = make_function(resume, g, cells=[cell])
+    assert fn(*[None for _ in resume.argnames]) == 5 and cell.cell_contents == 5

@@ -5,6 +5,8 @@ import glob
 import json
 import os
 import re
+from html.parser import HTMLParser
+from urllib.parse import unquote, urlparse
 
 import pytest
 
@@ -145,3 +147,47 @@ def test_search_index_covers_frames_reasons_and_code(tmp_path):
     assert any("l_x_.sin()" in e.get("x", "") for e in entries if e["k"] == "code")
     search = (out / "search.html").read_text()
     assert '"shards": ' in search and 'id="q"' in search
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids = [], set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        for key in ("href", "src", "action"):
+            if a.get(key):
+                self.links.append(a[key])
+
+
+def check_links(report_dir):
+    """Every href/src of every page points at a file of the report (no network, no CDN),
+    and every #anchor exists on its page."""
+    pages = {p.resolve(): Links() for p in report_dir.rglob("*.html")}
+    for path, parser in pages.items():
+        parser.feed(path.read_text())
+    assert len(pages) > 3
+    for path, parser in pages.items():
+        for link in parser.links:
+            url = urlparse(link)
+            assert url.scheme == "" and url.netloc == "", f"{path}: external link {link}"
+            target = (path.parent / unquote(url.path)).resolve() if url.path else path
+            assert target.exists(), f"{path}: broken link {link}"
+            if url.fragment and target.suffix == ".html":
+                assert url.fragment in pages[target].ids, f"{path}: missing anchor {link}"
+
+
+@pytest.mark.parametrize("case", ["graph_breaks", "recompiles", "dynamic", "inductor", "compile_error"])
+def test_every_link_resolves_and_nothing_is_fetched_from_the_network(tmp_path, case):
+    out = report(tmp_path, case)
+    check_links(out)
+    for path in out.rglob("*.html"):
+        assert "http://" not in re.sub(r"<pre.*?</pre>", "", path.read_text(), flags=re.S).replace(
+            "chrome://tracing", "")
+
+
+def test_all_ranks_links_resolve(tmp_path):
+    check_links(report(tmp_path, "two_ranks", "--all-ranks-html"))

@@ -7,11 +7,15 @@ run (compile times, stage times, graph-break time costs) goes to timings.txt alo
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 from . import __version__, stacktrie
 from .collect import Collector
 from .report import Options, failures, frame_name, frame_where, frames_of, real_compiles
+
+
+_RANDOM = re.compile(r"_[A-Za-z0-9_]{8}\.log$")
 
 
 def _indent(text: str, by: str = "    ") -> str:
@@ -24,7 +28,8 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
     lines = [f"tlparse {__version__} plain-text report", ""]
     v = col.versions
     lines += ["== About",
-              f"inputs: {', '.join(os.path.basename(p) for p, _ in inputs)}",
+              # mkstemp's random part of a trace file name changes every run
+              f"inputs: {', '.join(_RANDOM.sub('_*.log', os.path.basename(p)) for p, _ in inputs)}",
               f"records: {col.records}  unparsed lines: {col.unparsed_count}",
               f"torch version: {v.get('pytorch_version') or v.get('torch_version') or 'not in the trace'}",
               f"python version (traced program): {v.get('python_version') or 'not in the trace'}",

@@ -169,6 +169,7 @@ class AOTCompiled:
         stats = PartitionStats(self.config.partitioner, {
             name: {"tensors": len(s.saved), "bytes": s.saved_bytes,
                    "param_bytes": sum(tensor_bytes(n) for n in s.saved if n in free),
+                   "input_bytes": sum(tensor_bytes(n) for n in s.saved if n.op == "placeholder"),
                    "names": [n.name for n in s.saved], "recomputed": s.recomputed}
             for name, s in splits.items()})
         self.last_stats = stats

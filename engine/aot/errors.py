@@ -15,7 +15,7 @@ class AOTAutogradError(RuntimeError):
         self.cause = cause
         where = ""
         if node is not None:
-            where = f" {node.format_node()}"
+            where = f" node {node.name}: {node.format_node()}"
             line = _user_line(node)
             if line:
                 where += f"\n  from user code:\n    {line}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.fx
@@ -62,9 +62,9 @@ def lift_parameters(gm: torch.fx.GraphModule) -> LiftedParams:
     return LiftedParams(names=names, getters=[operator.attrgetter(n[0]) for n in names])
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """Everything about a tensor input that a traced graph depends on."""
+class TensorSpec(NamedTuple):
+    """Everything about a tensor input that a traced graph depends on (a named tuple:
+    it is built and hashed on every call)."""
 
     shape: tuple
     stride: tuple
@@ -83,9 +83,15 @@ def _concrete(v: Any) -> Optional[int]:
     return int(v)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def spec_of(x: Any) -> Any:
     """A hashable description of one flat input; None when it is not concrete (a symbolic
     FakeTensor or SymInt handed over at compile time: we compile on the first call)."""
+    if type(x) in _PLAIN:   # the per-call fast path: real tensors
+        return TensorSpec(tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device,
+                          x.requires_grad, type(x) is torch.nn.Parameter)
     if isinstance(x, torch.Tensor):
         shape = tuple(_concrete(s) for s in x.shape)
         stride = tuple(_concrete(s) for s in x.stride())

@@ -105,7 +105,7 @@ def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list
         with exclude_functionalize_key():
             f_args = [to_fun(a) for a in fakes]
             out = run_captured_graph(gm, lifted, f_args[:num_user], f_args[num_user:],
-                                     step="collecting metadata (running the graph on FakeTensors) at")
+                                     step="functionalizing")
         inputs = []
         for f, a in zip(f_args, fakes):
             if not isinstance(f, torch.Tensor):

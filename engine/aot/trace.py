@@ -57,7 +57,7 @@ class _Tracer:
 
     def forward_outputs(self, f_args: list) -> list:
         out = run_captured_graph(self.gm, self.lifted, f_args[:self.num_user], f_args[self.num_user:],
-                                 step="functionalizing")
+                                 step="tracing to aten")
         leaves = pytree.tree_leaves(out)
         return [f_args[i] for i in self.meta.mutated_inputs] + [leaves[j] for j in self.meta.graph_output_leaves]
 

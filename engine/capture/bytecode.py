@@ -16,6 +16,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import bisect
 import dis
 import sys
 import types
@@ -247,11 +248,11 @@ def decode(code: types.CodeType) -> list[Instruction]:
         insts.append(inst)
     for inst, target in jump_offsets:
         inst.target = by_offset[target]
+    offsets = [inst.offset for inst in insts]
     for start, end, target, depth, lasti in _parse_exception_table(code):
         entry = ExnTabEntry(by_offset[target], depth, lasti)
-        for inst in insts:
-            if start <= inst.offset < end:
-                inst.exn_tab_entry = entry
+        for k in range(bisect.bisect_left(offsets, start), bisect.bisect_left(offsets, end)):
+            insts[k].exn_tab_entry = entry
     return insts
 
 
@@ -463,7 +464,6 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
     args = [0] * n
     is_jump = [False] * n
     target_idx = [-1] * n
-    localsplus = None
     for i, inst in enumerate(insts):
         name = inst.opname
         if name in _VIRTUAL_JUMPS or dis.opmap.get(name, -1) in _HASJREL:
@@ -485,10 +485,7 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
         elif op in _HASLOCAL:
             args[i] = tables.local(inst.argval)
         elif op in _HASFREE:
-            if localsplus is None:
-                localsplus = {}
-                # resolve after all locals are known: defer
-            args[i] = -1  # filled below
+            args[i] = -1  # a localsplus index: filled in once varnames is final
         elif op >= dis.HAVE_ARGUMENT:
             arg = inst.arg if inst.arg is not None else inst.argval
             if not isinstance(arg, int):

@@ -136,3 +136,25 @@ def numel(sizes):
     for s in sizes:
         n = n * s
     return n
+
+
+def simplify(expr):
+    """Fold k*c*(a // c) + k*(a % c) back into k*a (what a reshape followed by a reshape
+    back produces)."""
+    expr = sympy.expand(expr)
+    changed = True
+    while changed:
+        changed = False
+        terms = list(sympy.Add.make_args(expr))
+        for t in terms:
+            coeff, rest = t.as_coeff_Mul()
+            if isinstance(rest, IMod):
+                a, c = rest.args
+                partner = sympy.expand(coeff * c * FloorDiv(a, c))
+                if partner in terms:
+                    terms.remove(t)
+                    terms.remove(partner)
+                    expr = sympy.expand(sympy.Add(*terms) + coeff * a)
+                    changed = True
+                    break
+    return expr

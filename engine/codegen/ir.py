@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from . import values as V
-from .index import contiguous_strides, numel
+from .index import contiguous_strides, numel, simplify
 
 
 @dataclasses.dataclass
@@ -23,8 +23,8 @@ class Layout:
     offset: Any = 0
 
     def index(self, idx) -> sympy.Expr:
-        return sympy.expand(sympy.sympify(self.offset) + sum(
-            (i * s for i, s in zip(idx, self.strides) ), sympy.Integer(0)))
+        return simplify(sympy.sympify(self.offset) + sum(
+            (i * s for i, s in zip(idx, self.strides)), sympy.Integer(0)))
 
     def is_contiguous(self) -> bool:
         return all(sz == 1 or st == cs for sz, st, cs in zip(self.sizes, self.strides, contiguous_strides(self.sizes))) \

@@ -1,0 +1,199 @@
+"""The user-facing entry points: compile, explain, reset, disable, allow_in_graph,
+disallow_in_graph, graph_break, mark_dynamic, mark_static."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import types
+from typing import Any, Callable, Optional
+
+import torch
+
+from .backends import lookup_backend
+
+_ALLOWED: set = set()      # callables put in the graph as-is (allow_in_graph)
+_DISALLOWED: set = set()   # callables that always break the graph (disallow_in_graph)
+_option_keys = itertools.count(1)
+
+
+def graph_break() -> None:
+    """Force a graph break here when compiled; a no-op when run eagerly."""
+
+
+def _resolve_backend(backend):
+    if isinstance(backend, str):
+        return lookup_backend(backend), backend
+    if callable(backend):
+        return backend, getattr(backend, "__name__", type(backend).__name__)
+    raise TypeError(f"backend must be a name or a callable backend(gm, example_inputs), got {type(backend).__name__}")
+
+
+def _options(backend, fullgraph, dynamic, mode, options):
+    from .capture.runtime import CompileOptions
+
+    if backend == "inductor" and (mode is not None or options):
+        fn, name = _resolve_backend(backend)
+        fn = _with_inductor_options(fn, mode, options)
+    else:
+        fn, name = _resolve_backend(backend)
+    return CompileOptions(backend=fn, backend_name=name, fullgraph=fullgraph, dynamic=dynamic, key=next(_option_keys))
+
+
+def _with_inductor_options(fn, mode, options):
+    def backend(gm, example_inputs):
+        try:
+            return fn(gm, example_inputs, mode=mode, options=options)
+        except TypeError:
+            return fn(gm, example_inputs)
+    backend.__name__ = getattr(fn, "__name__", "inductor")
+    return backend
+
+
+class OptimizedModule(torch.nn.Module):
+    """`engine.compile(module)`: calls compile the module's forward with `self` as
+    L['self']. The original module is `_orig_mod`; attribute access forwards to it."""
+
+    _engine_opts = None
+
+    def __init__(self, mod: torch.nn.Module, opts) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        object.__setattr__(self, "_engine_opts", opts)
+
+    def __call__(self, *args, **kwargs):
+        from .capture.runtime import call_compiled_module
+        return call_compiled_module(self._orig_mod, args, kwargs, self._engine_opts)
+
+    def forward(self, *args, **kwargs):
+        return self.__call__(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._modules["_orig_mod"], name)
+
+    def __repr__(self):
+        return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _wrap_function(fn, opts):
+    from .capture.runtime import run_function
+
+    if isinstance(fn, types.MethodType):
+        func, self_obj = fn.__func__, fn.__self__
+        if not isinstance(func, types.FunctionType):
+            return fn
+
+        @functools.wraps(func)
+        def bound(*args, **kwargs):
+            return run_function(func, (self_obj,) + args, kwargs, opts)
+
+        bound._engine_orig = fn
+        return bound
+    if not isinstance(fn, types.FunctionType):
+        call = getattr(type(fn), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            @functools.wraps(call)
+            def call_obj(*args, **kwargs):
+                return run_function(call, (fn,) + args, kwargs, opts)
+            return call_obj
+        raise TypeError(f"engine.compile expects a function, method or nn.Module, got {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def compiled(*args, **kwargs):
+        return run_function(fn, args, kwargs, opts)
+
+    compiled._engine_orig = fn
+    compiled._engine_opts = opts
+    return compiled
+
+
+def compile(fn=None, *, backend="inductor", fullgraph: bool = False, dynamic: Optional[bool] = None,
+            mode: Optional[str] = None, options: Optional[dict] = None, disable: bool = False):
+    """Like torch.compile: `engine.compile(fn)`, `@engine.compile(backend="eager")`,
+    `engine.compile(module)` -> OptimizedModule."""
+    if fn is None:
+        return lambda f: compile(f, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode,
+                                 options=options, disable=disable)
+    if disable:
+        return fn
+    opts = _options(backend, fullgraph, dynamic, mode, options)
+    if isinstance(fn, torch.nn.Module):
+        return OptimizedModule(fn, opts)
+    return _wrap_function(fn, opts)
+
+
+def reset() -> None:
+    """Forget every compiled frame, cache entry and counter."""
+    from .capture import interpreter, resume, runtime
+
+    runtime.reset()
+    interpreter._code_cache.clear()
+    resume.clear_cache()
+
+
+def disable(fn=None, recursive: bool = True):
+    """Run `fn` eagerly, never compiled; calling it from compiled code breaks the graph.
+    With recursive=True (the default) nothing it calls is compiled either."""
+    if fn is None:
+        return lambda f: disable(f, recursive=recursive)
+    from .capture.runtime import disabled_region
+
+    if isinstance(fn, torch.nn.Module):
+        fn.forward = disable(fn.forward, recursive=recursive)
+        return fn
+    orig = getattr(fn, "_engine_orig", fn)
+
+    @functools.wraps(orig)
+    def run_eagerly(*args, **kwargs):
+        if recursive:
+            with disabled_region():
+                return orig(*args, **kwargs)
+        return orig(*args, **kwargs)
+
+    run_eagerly._engine_disabled = True
+    _DISALLOWED.add(run_eagerly)
+    return run_eagerly
+
+
+def allow_in_graph(fn):
+    """Put calls to `fn` in the graph as one node (it must be traceable with FakeTensors)."""
+    _ALLOWED.add(fn)
+    _DISALLOWED.discard(fn)
+    return fn
+
+
+def disallow_in_graph(fn):
+    """Calls to `fn` always break the graph and run eagerly."""
+    _DISALLOWED.add(fn)
+    _ALLOWED.discard(fn)
+    return fn
+
+
+def mark_dynamic(t: torch.Tensor, index, min=None, max=None) -> None:
+    """Record that dimension(s) `index` of `t` should be dynamic. Recorded only: shapes are
+    specialized (recompiled per shape) until the dynamic-shapes work lands, which is
+    always correct."""
+    dims = set(getattr(t, "_dynamo_dynamic_indices", set()))
+    dims.update(index if isinstance(index, (list, tuple)) else [index])
+    t._dynamo_dynamic_indices = dims
+
+
+def mark_static(t, index=None) -> None:
+    """Record that `t` (or dimension `index`) is static."""
+    if isinstance(t, torch.Tensor):
+        dims = set(getattr(t, "_dynamo_static_indices", set()))
+        if index is None:
+            dims.update(range(t.dim()))
+        else:
+            dims.update(index if isinstance(index, (list, tuple)) else [index])
+        t._dynamo_static_indices = dims
+
+
+def explain(fn, *extra_args, **extra_kwargs):
+    """`engine.explain(fn)(*args, **kwargs)` -> ExplainOutput (graphs, breaks with reasons
+    and hints, guards, op counts)."""
+    from .debug.explain import explain as _explain
+    return _explain(fn, *extra_args, **extra_kwargs)

@@ -1,0 +1,627 @@
+"""Frame conversion: trace a frame with its real inputs, compile the graph with the
+backend, generate the transformed code, build the guards, and report every step on the
+bus with PyTorch's event names."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+import types
+import warnings
+from typing import Optional
+
+import torch
+import torch.fx
+
+import observe
+
+from .. import config
+from ..guards import compile_guards, render_guards
+from . import bytecode as bc
+from . import resume as resume_mod
+from .codegen import CodeGen
+from .graph_breaks import GraphBreak
+from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
+from .output_graph import OutputGraph
+from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, make_trampoline, run_function
+from .source import GlobalSource, LocalSource
+from .variables import CellVariable, NullVariable, TensorVariable
+
+_compiled_fn_counter = [0]
+
+_CALL_OPS = {"CALL", "CALL_FUNCTION_EX"}
+_JUMP_OPS = {"POP_JUMP_IF_FALSE": False, "POP_JUMP_IF_TRUE": True, "POP_JUMP_FORWARD_IF_FALSE": False,
+             "POP_JUMP_FORWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_FALSE": False,
+             "POP_JUMP_BACKWARD_IF_TRUE": True}
+_JUMP_OR_POP = {"JUMP_IF_FALSE_OR_POP": False, "JUMP_IF_TRUE_OR_POP": True}
+
+
+class Unsupported(RuntimeError):
+    """fullgraph=True and the frame needs a graph break (or the capture cannot model it)."""
+
+
+class InternalCompilerError(RuntimeError):
+    """A bug in the engine while compiling a frame."""
+
+
+class BackendCompilerFailed(RuntimeError):
+    """The backend raised while compiling a graph."""
+
+
+def _frame_dict(f) -> dict:
+    filename, lineno, name, line = f
+    return {"line": lineno, "name": name, "filename": filename}
+
+
+def format_user_stack(stack) -> str:
+    lines = []
+    for filename, lineno, name, line in stack:
+        lines.append(f'  File "{filename}", line {lineno}, in {name}')
+        if line:
+            lines.append(f"    {line.strip()}")
+    return "\n".join(lines)
+
+
+def break_message(gb: GraphBreak) -> str:
+    k = gb.kind
+    return (f"{k.reason}\n  Explanation: {k.explanation}\n  Hint: {k.hint}\n\n  Developer debug context: {gb.detail}\n"
+            f"\n For more details about this graph break, see docs/graph_breaks.md#{k.id.lower()}")
+
+
+def emit_graph_break(gb: GraphBreak, code) -> None:
+    stack = gb.user_stack or []
+    where = stack[-1] if stack else (code.co_filename, code.co_firstlineno, code.co_name, "")
+    if observe.enabled("artifact", "graph_breaks"):
+        def payload():
+            return (f"Graph break in user code at {where[0]}:{where[1]}\n"
+                    f"Graph Break Reason: {gb.kind.id}: {break_message(gb)}\n"
+                    f"User code traceback:\n{format_user_stack(stack)}\n")
+        observe.emit("artifact", {"name": "dynamo_graph_break_reason", "encoding": "string"}, payload,
+                     log="graph_breaks")
+    if observe.enabled("graph_break"):
+        observe.emit("graph_break", {
+            "reason": gb.message(), "graph_break_id": gb.kind.id, "hint": gb.kind.hint,
+            "explanation": gb.kind.explanation,
+            "user_stack": [{"filename": f[0], "line": f[1], "name": f[2], "code": f[3]} for f in stack],
+        })
+
+
+def report_cache_limit(code, entries, L, G) -> None:
+    reasons = entries[-1].guards.failures(L, G) if entries else []
+    msg = (f"engine: {code.co_name} ({code.co_filename}:{code.co_firstlineno}) hit config.cache_size_limit "
+           f"({config.cache_size_limit}); it now runs eagerly. Last reason: {reasons[0] if reasons else '?'}")
+    observe.log("recompiles", logging.WARNING, "%s", msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def _emit_recompile_reasons(code, previous, L, G) -> None:
+    if not previous or not observe.enabled("artifact", "recompiles"):
+        return
+
+    def payload():
+        lines = [f"Recompiling function {code.co_name} in {code.co_filename}:{code.co_firstlineno}",
+                 "    triggered by the following guard failure(s):"]
+        for e in reversed(previous):
+            fails = e.guards.failures(L, G)
+            lines.append(f"    - {e.compile_id}: {fails[0] if fails else '(guards pass now)'}")
+        return "\n".join(lines)
+
+    observe.emit("artifact", {"name": "recompile_reasons", "encoding": "string"}, payload, log="recompiles")
+
+
+# ---------------------------------------------------------------------- the entry point
+
+
+def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCache, previous) -> Optional[CacheEntry]:
+    code = fn.__code__
+    frame_id = frame_id_for(code)
+    compile_index = cache.compiles
+    cache.compiles += 1
+    _emit_recompile_reasons(code, previous, L, G)
+    start = time.time()
+    metrics = {
+        "compile_id": f"{frame_id}/{compile_index}", "frame_key": str(frame_id + 1), "co_name": code.co_name,
+        "co_filename": code.co_filename, "co_firstlineno": code.co_firstlineno, "cache_size": len(previous),
+        "accumulated_cache_size": len(cache.entries), "guard_count": None, "shape_env_guard_count": 0,
+        "graph_op_count": None, "graph_node_count": None, "graph_input_count": None, "start_time": start,
+        "entire_frame_compile_time_s": None, "backend_compile_time_s": None, "inductor_compile_time_s": None,
+        "code_gen_time_s": None, "fail_type": None, "fail_reason": None, "fail_user_frame_filename": None,
+        "fail_user_frame_lineno": None, "non_compliant_ops": [], "compliant_custom_ops": [], "restart_reasons": [],
+        "dynamo_time_before_restart_s": 0.0, "has_guarded_code": False, "dynamo_config": None,
+        "is_forward": True, "graph_break_count": 0,
+    }
+    attempt = 0
+    breakpoint: Optional[BreakPoint] = None
+    restart_time = 0.0
+    entry = None
+    try:
+        while True:
+            cid = observe.CompileId(frame_id, compile_index, attempt)
+            with observe.compile_context(cid):
+                if attempt == 0:
+                    observe.emit("dynamo_start", {"stack": [_frame_dict((code.co_filename, code.co_firstlineno,
+                                                                         code.co_name, ""))]})
+                    if observe.enabled("artifact", "bytecode"):
+                        observe.emit("artifact", {"name": f"{code.co_name}_ORIGINAL_BYTECODE", "encoding": "string",
+                                                  "title": f"ORIGINAL BYTECODE {code.co_name} {code.co_filename} "
+                                                           f"line {code.co_firstlineno}"},
+                                     lambda: bc.format_code(code, regions=False), log="bytecode")
+                t_attempt = time.time()
+                with observe.stage("entire_frame_compile", fn_name=code.co_name):
+                    result = _attempt(fn, L, G, options, breakpoint, cid, metrics)
+                if isinstance(result, BreakPoint):
+                    restart_time += time.time() - t_attempt
+                    metrics["restart_reasons"].append(result.gb.message())
+                    breakpoint = result
+                    attempt += 1
+                    continue
+                entry = result
+                break
+    except (Unsupported, BackendCompilerFailed) as exc:
+        metrics["fail_type"] = type(exc).__name__
+        metrics["fail_reason"] = str(exc).splitlines()[0] if str(exc) else ""
+        _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attempt)
+        if isinstance(exc, BackendCompilerFailed) and config.suppress_errors:
+            warnings.warn(f"engine: {exc}; running {code.co_name} eagerly", RuntimeWarning, stacklevel=4)
+            return None
+        raise
+    except InternalCompilerError as exc:
+        metrics["fail_type"] = type(exc).__name__
+        metrics["fail_reason"] = str(exc).splitlines()[0]
+        _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attempt)
+        if config.suppress_errors:
+            warnings.warn(f"engine: {str(exc).splitlines()[0]}; running {code.co_name} eagerly", RuntimeWarning,
+                          stacklevel=4)
+            return None
+        raise
+    metrics["has_guarded_code"] = entry is not None
+    _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attempt)
+    return entry
+
+
+def _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attempt) -> None:
+    metrics["entire_frame_compile_time_s"] = round(time.time() - start, 6)
+    metrics["dynamo_time_before_restart_s"] = round(restart_time, 6)
+    with observe.compile_context(observe.CompileId(frame_id, compile_index, attempt)):
+        observe.emit("compilation_metrics", metrics)
+
+
+# ---------------------------------------------------------------------- one attempt
+
+
+def _top_frame(fn, L, G, breakpoint):
+    code = fn.__code__
+    out = OutputGraph(code, G)
+    builder = out.builder
+    local_vars = {}
+    cells = {}
+    for name, value in L.items():
+        src = LocalSource(name)
+        vt = builder.wrap(value, src)
+        if name in code.co_freevars:
+            cells[name] = CellVariable(vt, source=src)
+        else:
+            local_vars[name] = vt
+    for name in code.co_freevars:
+        cells.setdefault(name, CellVariable(None, source=LocalSource(name)))
+    frame = Frame(out, code, G, lambda n: GlobalSource(n), local_vars, cells, breakpoint=breakpoint,
+                  fn_name=code.co_name)
+    return out, frame
+
+
+def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
+    code = fn.__code__
+    try:
+        out, frame = _top_frame(fn, L, G, breakpoint)
+    except GraphBreak as gb:
+        # an input the capture cannot even wrap: run eagerly
+        gb.user_stack = gb.user_stack or [(code.co_filename, code.co_firstlineno, code.co_name, "")]
+        if options.fullgraph:
+            raise Unsupported(_unsupported_text(gb)) from None
+        emit_graph_break(gb, code)
+        return None
+    stop = None
+    try:
+        with observe.stage("bytecode_tracing"):
+            try:
+                frame.run()
+            except StopAtBreak as s:
+                stop = s
+    except TopLevelBreak as tb:
+        gb = tb.gb
+        if options.fullgraph:
+            raise Unsupported(_unsupported_text(gb)) from None
+        emit_graph_break(gb, code)
+        metrics["graph_break_count"] += 1
+        if _can_resume(tb.inst, frame, code):
+            return BreakPoint(tb.inst.offset, tb.arrival, gb)
+        observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
+                    tb.inst.offset, tb.inst.opname)
+        return None
+    except GraphBreak as gb:  # raised outside any instruction
+        if options.fullgraph:
+            raise Unsupported(_unsupported_text(gb)) from None
+        emit_graph_break(gb, code)
+        return None
+    except (Unsupported, InternalCompilerError, BackendCompilerFailed):
+        raise
+    except Exception as exc:
+        raise _internal_error(exc, frame, "bytecode_tracing") from exc
+    try:
+        return _finish(fn, out, frame, stop, options, cid, metrics, breakpoint)
+    except GraphBreak as gb:
+        # the values at the end could not be rebuilt: run the frame eagerly
+        gb.user_stack = gb.user_stack or frame.user_stack()
+        if options.fullgraph:
+            raise Unsupported(_unsupported_text(gb)) from None
+        emit_graph_break(gb, code)
+        return None
+    except resume_mod.ResumeUnsupported as exc:
+        observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
+        return None
+    except (Unsupported, InternalCompilerError, BackendCompilerFailed):
+        raise
+    except Exception as exc:
+        raise _internal_error(exc, frame, "code generation") from exc
+
+
+def _internal_error(exc, frame, stage) -> InternalCompilerError:
+    where = frame.user_frame() if frame.current_inst is not None else (frame.code.co_filename,
+                                                                          frame.code.co_firstlineno,
+                                                                          frame.code.co_name, "")
+    msg = (f"engine: internal error during {stage} of {frame.code.co_name} at {where[0]}:{where[1]}"
+           f" ({where[3].strip()}): {type(exc).__name__}: {exc}")
+    if config.verbose:
+        msg += "\n\nInternal traceback:\n" + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    else:
+        msg += "\n(set TORCHDYNAMO_VERBOSE=1 or engine.config.verbose=True for the internal traceback; "
+        msg += "engine.config.suppress_errors=True runs such frames eagerly)"
+    return InternalCompilerError(msg)
+
+
+def _unsupported_text(gb: GraphBreak) -> str:
+    stack = gb.user_stack or []
+    where = stack[-1] if stack else ("?", "?", "?", "")
+    return (f"fullgraph=True but the frame needs a graph break at {where[0]}:{where[1]} in {where[2]}"
+            f"{(': ' + where[3].strip()) if where[3] else ''}\n"
+            f"  [{gb.kind.id}] {gb.message()}\n  Hint: {gb.kind.hint}\n\nUser code traceback:\n"
+            f"{format_user_stack(stack)}")
+
+
+def _can_resume(inst, frame, code) -> bool:
+    if inst.opname not in _CALL_OPS and inst.opname not in _JUMP_OPS and inst.opname not in _JUMP_OR_POP:
+        return False
+    if inst.exn_tab_entry is not None or frame.exc_stack:
+        return False
+    if code.co_flags & 0x20:  # generator
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------- finishing a capture
+
+
+def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, cid, metrics, breakpoint):
+    code = fn.__code__
+    # which variables the generated code needs
+    if stop is None:
+        plan = ("return", frame.return_value)
+        needed = [frame.return_value]
+    else:
+        plan = _break_plan(frame, stop.inst, code)
+        needed = plan[1]
+    if out.grad_enabled != out.initial_state["grad_mode"] and stop is not None:
+        # a break while a grad-mode change is in effect (outside a with-block: set_grad_enabled(False))
+        pass
+    needed = list(needed)
+    for vt in out.mutated:
+        needed.append(vt)
+    for (_, _n), (_src, v) in out.global_stores.items():
+        needed.append(v)
+    for _fn, a, k in out.deferred_calls:
+        needed.extend(a)
+        needed.extend(k.values())
+    # graph outputs: every tensor reachable from what is needed that the graph computed
+    outputs: list = []
+    seen = set()
+    for vt in needed:
+        _collect_tensors(vt, outputs, seen, set())
+    output_nodes = []
+    for t in outputs:
+        node = t.proxy.node
+        if node.op in ("placeholder", "get_attr"):
+            continue
+        if node not in output_nodes:
+            output_nodes.append(node)
+    graph = out.graph
+    out.dead_code_elimination(set(output_nodes))
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users:
+            graph.erase_node(node)
+    op_count = len(out.op_nodes())
+    compiled_name = None
+    ns_graph = {}
+    if op_count > 0:
+        graph.output(tuple(n for n in output_nodes))
+        _compiled_fn_counter[0] += 1
+        compiled_name = f"__compiled_fn_{_compiled_fn_counter[0]}"
+        gm = torch.fx.GraphModule(_GraphRoot(out.constant_tensors), graph)
+        gm.meta = {"compiled_name": compiled_name}
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        input_sources = [n.meta["source"] for n in placeholders]
+        real_inputs = [_eval_source(s, frame, out) for s in input_sources]
+        _emit_graph(gm, compiled_name, code)
+        metrics["graph_op_count"] = op_count
+        metrics["graph_node_count"] = len(graph.nodes)
+        metrics["graph_input_count"] = len(placeholders)
+        t0 = time.time()
+        with observe.stage("backend_compile", backend=options.backend_name):
+            try:
+                compiled = options.backend(gm, real_inputs)
+            except Exception as exc:
+                raise BackendCompilerFailed(
+                    f"backend={options.backend_name!r} raised {type(exc).__name__}: {exc} while compiling "
+                    f"{compiled_name} of {code.co_name} ({code.co_filename}:{code.co_firstlineno})") from exc
+        metrics["backend_compile_time_s"] = round(time.time() - t0, 6)
+        ns_graph[compiled_name] = compiled
+        out.output_index = {n: i for i, n in enumerate(output_nodes)}
+        graph_call = f"__o = {compiled_name}({', '.join(input_sources)})"
+    else:
+        out.output_index = {}
+        graph_call = None
+        metrics["graph_op_count"] = 0
+        metrics["graph_node_count"] = 0
+        metrics["graph_input_count"] = 0
+    cg = CodeGen(out, out.output_index)
+    cg.ns.update(ns_graph)
+    if graph_call:
+        cg.emit("call_graph", graph_call)
+    trampoline = make_trampoline(options)
+    cg.ns["___trampoline"] = trampoline
+    cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options)
+    if plan[0] == "return":
+        rv = cg.expr(plan[1][0]) if plan[1] else "None"
+        cg.side_effects()
+        cg.emit("resume_call", f"return {rv}")
+    else:
+        _codegen_break(cg, plan, frame, fn, code)
+    fname = f"__transformed_{code.co_name}_{cid.frame_id}_{cid.frame_compile_id}"
+    src = cg.source(fname)
+    cg.ns["sys"] = __import__("sys")
+    exec(compile(src, f"<engine transformed {code.co_name}>", "exec"), cg.ns)
+    transformed = cg.ns[fname]
+    guards = out.guard_list()
+    compiled_guards = compile_guards(guards)
+    metrics["guard_count"] = len(guards)
+    if observe.enabled("artifact", "bytecode"):
+        observe.emit("artifact", {"name": f"{code.co_name}_MODIFIED_BYTECODE", "encoding": "string",
+                                  "title": f"MODIFIED BYTECODE {code.co_name} {code.co_filename} "
+                                           f"line {code.co_firstlineno}"},
+                     lambda: src + "\n" + bc.format_code(transformed.__code__, regions=False), log="bytecode")
+    if observe.enabled("dynamo_cpp_guards_str", "guards"):
+        observe.emit("dynamo_cpp_guards_str", {}, lambda: render_guards(guards), log="guards")
+    return CacheEntry(compiled_guards, transformed, options.key, str(cid), src)
+
+
+class _GraphRoot(torch.nn.Module):
+    def __init__(self, constants):
+        super().__init__()
+        for k, v in constants.items():
+            if isinstance(v, torch.nn.Parameter):
+                self.register_parameter(k, v)
+            else:
+                self.register_buffer(k, v, persistent=False)
+
+
+def _eval_source(src_text, frame, out):
+    for source, real, vt in out.inputs:
+        if source.name() == src_text:
+            return real
+    raise KeyError(src_text)
+
+
+def _collect_tensors(vt, acc, seen, visiting):
+    from .variables import (BoundMethodVariable, DictVariable, IteratorVariable, ListVariable,
+                            NestedFunctionVariable, ObjectVariable, TupleVariable, ExceptionVariable)
+    if vt is None or id(vt) in visiting:
+        return
+    visiting.add(id(vt))
+    if isinstance(vt, TensorVariable):
+        if id(vt) not in seen:
+            seen.add(id(vt))
+            acc.append(vt)
+        return
+    if vt.source is not None and not isinstance(vt, (ListVariable, DictVariable, ObjectVariable)):
+        return
+    if isinstance(vt, (ListVariable, TupleVariable)):
+        for x in vt.items:
+            _collect_tensors(x, acc, seen, visiting)
+    elif isinstance(vt, IteratorVariable):
+        for x in vt.items[vt.index:]:
+            _collect_tensors(x, acc, seen, visiting)
+    elif isinstance(vt, DictVariable):
+        for x in vt.items.values():
+            _collect_tensors(x, acc, seen, visiting)
+    elif isinstance(vt, ObjectVariable):
+        for x in vt.attrs.values():
+            _collect_tensors(x, acc, seen, visiting)
+    elif isinstance(vt, BoundMethodVariable):
+        _collect_tensors(vt.obj, acc, seen, visiting)
+    elif isinstance(vt, CellVariable):
+        _collect_tensors(vt.value, acc, seen, visiting)
+    elif isinstance(vt, NestedFunctionVariable):
+        for c in vt.closure or ():
+            _collect_tensors(c, acc, seen, visiting)
+        if vt.defaults is not None:
+            _collect_tensors(vt.defaults, acc, seen, visiting)
+    elif isinstance(vt, ExceptionVariable):
+        for x in vt.args:
+            _collect_tensors(x, acc, seen, visiting)
+
+
+def _emit_graph(gm, name, code) -> None:
+    if observe.enabled("dynamo_output_graph", "graph_code"):
+        def sizes():
+            out = {}
+            for n in gm.graph.nodes:
+                v = n.meta.get("val", n.meta.get("example_value"))
+                if isinstance(v, torch.Tensor):
+                    out[n.name] = list(v.shape)
+            return out
+
+        def payload():
+            return gm.print_readable(print_output=False, include_stride=True, include_device=True)
+
+        observe.emit("dynamo_output_graph", {"sizes": sizes(), "title": f"TRACED GRAPH\n ===== {name} ====="},
+                     payload, log="graph_code")
+    if observe.enabled("log", "graph_sizes"):
+        lines = [f"TRACED GRAPH TENSOR SIZES\n===== {name} ====="]
+        for n in gm.graph.nodes:
+            v = n.meta.get("val", n.meta.get("example_value"))
+            if isinstance(v, torch.Tensor):
+                lines.append(f"{n.name}: {tuple(v.shape)}")
+        observe.log("graph_sizes", logging.INFO, "%s", "\n".join(lines))
+
+
+# ---------------------------------------------------------------------- graph breaks
+
+
+def _break_plan(frame: Frame, inst, code):
+    """What the generated code must do at the break: the values it needs, and how."""
+    stack = list(frame.stack)
+    k = frame.index[id(inst)]
+    next_inst = frame.insts[k + 1] if k + 1 < len(frame.insts) else None
+    if inst.opname == "CALL":
+        argc = inst.arg
+        items = stack[len(stack) - argc - 2:]
+        below = stack[:len(stack) - argc - 2]
+        null_or_fn, fn_or_self, args = items[0], items[1], items[2:]
+        if isinstance(null_or_fn, NullVariable):
+            fn_vt, args = fn_or_self, list(args)
+        else:
+            fn_vt, args = null_or_fn, [fn_or_self] + list(args)
+        kw = frame.kw_names
+        kwargs = {}
+        if kw:
+            kwargs = dict(zip(kw, args[len(args) - len(kw):]))
+            args = args[:len(args) - len(kw)]
+        detail = ("call", fn_vt, args, kwargs, None, None)
+        resume_offsets = [(next_inst.offset, len(below) + 1)]
+    elif inst.opname == "CALL_FUNCTION_EX":
+        has_kw = inst.arg & 1
+        n = 3 + has_kw
+        items = stack[len(stack) - n:]
+        below = stack[:len(stack) - n]
+        fn_vt, star, kws = items[1], items[2], (items[3] if has_kw else None)
+        detail = ("call_ex", fn_vt, [star], {}, kws, None)
+        resume_offsets = [(next_inst.offset, len(below) + 1)]
+    elif inst.opname in _JUMP_OPS:
+        cond = stack[-1]
+        below = stack[:-1]
+        detail = ("jump", cond, _JUMP_OPS[inst.opname], None, None, None)
+        resume_offsets = [(next_inst.offset, len(below)), (inst.target.offset, len(below))]
+    elif inst.opname in _JUMP_OR_POP:
+        cond = stack[-1]
+        below = stack[:-1]
+        detail = ("jump_or_pop", cond, _JUMP_OR_POP[inst.opname], None, None, None)
+        resume_offsets = [(next_inst.offset, len(below)), (inst.target.offset, len(below) + 1)]
+    else:
+        raise GraphBreak("GB0011", f"cannot split the frame at {inst.opname}")
+    live = {}
+    for off, _depth in resume_offsets:
+        for name in resume_mod.live_locals(code, off):
+            if name in frame.locals:
+                live[name] = frame.locals[name]
+    cells = {name: frame.cells[name] for name in code.co_cellvars if name in frame.cells}
+    needed = [v for v in below if not isinstance(v, NullVariable)] + list(live.values()) + list(cells.values())
+    _, a, b, c, d, _ = detail
+    for x in (a, b, c, d):
+        if isinstance(x, list):
+            needed.extend(x)
+        elif isinstance(x, dict):
+            needed.extend(x.values())
+        elif x is not None and not isinstance(x, bool):
+            needed.append(x)
+    return ("break", needed, detail, below, live, cells, resume_offsets, inst)
+
+
+def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
+    _, _needed, detail, below, live, cells, resume_offsets, inst = plan
+    kind = detail[0]
+    # values first (store_outputs), then side effects, then the break itself
+    below_exprs = [None if isinstance(v, NullVariable) else cg.expr(v) for v in below]
+    live_exprs = {name: cg.expr(v) for name, v in live.items()}
+    cell_exprs = []
+    for name in code.co_cellvars:
+        cv = cells.get(name)
+        if cv is None:
+            cell_exprs.append("___make_cell()")
+        else:
+            cell_exprs.append(cg.expr(cv))
+    if kind in ("call", "call_ex"):
+        fn_expr = cg.expr(detail[1])
+        arg_exprs = [cg.expr(a) for a in detail[2]]
+        kw_exprs = {k: cg.expr(v) for k, v in detail[3].items()}
+        star_kw = cg.expr(detail[4]) if kind == "call_ex" and detail[4] is not None else None
+    else:
+        cond_expr = cg.expr(detail[1])
+    cg.side_effects()
+    nulls = [i for i, v in enumerate(below) if isinstance(v, NullVariable)]
+    resumes = []
+    for off, depth in resume_offsets:
+        live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
+        r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=nulls,
+                                        name=f"engine_resume_in_{code.co_name}_at_{_lineno_at(frame, off)}")
+        resumes.append(r)
+    closure_expr = "F.__closure__" if code.co_freevars else "()"
+    cells_expr = "(" + "".join(f"{c}, " for c in cell_exprs) + ")"
+
+    def resume_call(r, top_expr: Optional[str], depth_below: int) -> str:
+        code_name = cg.const(r.code, "resume_code")
+        fexpr = (f"___FunctionType({code_name}, G, {r.name!r}, None, "
+                 f"({closure_expr} or ()) + {cells_expr} or None)") if (code.co_freevars or code.co_cellvars) else \
+            f"___FunctionType({code_name}, G, {r.name!r})"
+        args = [e for e in below_exprs if e is not None]
+        if top_expr is not None:
+            args.append(top_expr)
+        args += [live_exprs[n] for n in r.live_locals]
+        return f"___run_resume({fexpr}{''.join(', ' + a for a in args)})"
+
+    if kind == "call":
+        call_args = arg_exprs + [f"{k}={v}" for k, v in kw_exprs.items()]
+        cg.emit("graph_break", f"__r = ___trampoline({fn_expr}{''.join(', ' + a for a in call_args)})")
+        cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")
+    elif kind == "call_ex":
+        star = arg_exprs[0]
+        kwpart = f", **{star_kw}" if star_kw else ""
+        cg.emit("graph_break", f"__r = ___trampoline({fn_expr}, *{star}{kwpart})")
+        cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")
+    elif kind == "jump":
+        jump_when = detail[2]
+        # POP_JUMP_IF_TRUE jumps when truthy; resumes[0] falls through, resumes[1] is the target
+        cg.emit("graph_break", f"if {cond_expr}:")
+        first, second = (resumes[1], resumes[0]) if jump_when else (resumes[0], resumes[1])
+        cg.emit("graph_break", f"    return {resume_call(first, None, len(below))}")
+        cg.emit("resume_call", f"return {resume_call(second, None, len(below))}")
+    elif kind == "jump_or_pop":
+        jump_when = detail[2]
+        cg.emit("graph_break", f"__c = {cond_expr}")
+        if jump_when:
+            cg.emit("graph_break", "if __c:")
+            cg.emit("graph_break", f"    return {resume_call(resumes[1], '__c', len(below))}")
+            cg.emit("resume_call", f"return {resume_call(resumes[0], None, len(below))}")
+        else:
+            cg.emit("graph_break", "if not __c:")
+            cg.emit("graph_break", f"    return {resume_call(resumes[1], '__c', len(below))}")
+            cg.emit("resume_call", f"return {resume_call(resumes[0], None, len(below))}")
+    if not code.co_freevars and not code.co_cellvars:
+        pass
+
+
+def _lineno_at(frame, offset) -> int:
+    for inst in frame.insts:
+        if inst.offset == offset:
+            return inst.lineno or frame.code.co_firstlineno
+    return frame.code.co_firstlineno

@@ -1,0 +1,243 @@
+"""The per-code cache and the call path that replaces PEP 523: `run_function(fn, args,
+kwargs, options)` binds the arguments, checks each cache entry's guards, runs the first
+entry that passes, or converts the frame with the real argument values on a miss.
+
+Calls made by code that is not captured (the instruction run eagerly at a graph break,
+resume functions) come back here through `trampoline`, so those frames compile too."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import types
+import warnings
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+
+import observe
+
+from .. import config
+
+
+@dataclasses.dataclass
+class CompileOptions:
+    backend: Any             # the resolved backend callable
+    backend_name: str
+    fullgraph: bool = False
+    dynamic: Optional[bool] = None
+    key: int = 0             # cache entries are per options key (a different backend compiles again)
+
+
+@dataclasses.dataclass
+class CacheEntry:
+    guards: Any              # CompiledGuards
+    fn: Callable             # transformed(L, G, F)
+    options_key: int
+    compile_id: str
+    code_text: str = ""
+
+
+class FrameCache:
+    def __init__(self, code):
+        self.code = code
+        self.entries: list[CacheEntry] = []
+        self.skip = False          # run eagerly forever (the frame cannot be captured)
+        self.frame_id: Optional[int] = None
+        self.compiles = 0
+        self.binder = None
+        self.limit_warned = False
+
+
+_CACHES: dict = {}
+_FRAME_IDS: dict = {}
+_state = threading.local()
+
+
+def reset() -> None:
+    _CACHES.clear()
+    _FRAME_IDS.clear()
+
+
+def cache_for(code) -> FrameCache:
+    c = _CACHES.get(code)
+    if c is None:
+        c = _CACHES[code] = FrameCache(code)
+    return c
+
+
+def frame_id_for(code) -> int:
+    fid = _FRAME_IDS.get(code)
+    if fid is None:
+        fid = _FRAME_IDS[code] = len(_FRAME_IDS)
+    return fid
+
+
+# ---------------------------------------------------------------------- binding
+
+
+def make_binder(code) -> Callable:
+    """A function with the same parameters as `code` that returns its locals as a dict."""
+    n = code.co_argcount
+    names = list(code.co_varnames[:n + code.co_kwonlyargcount])
+    params = []
+    for i, name in enumerate(code.co_varnames[:n]):
+        params.append(name)
+        if code.co_posonlyargcount and i == code.co_posonlyargcount - 1:
+            params.append("/")
+    idx = n + code.co_kwonlyargcount
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append("*" + code.co_varnames[idx])
+        names.append(code.co_varnames[idx])
+        idx += 1
+    elif code.co_kwonlyargcount:
+        params.append("*")
+    params.extend(code.co_varnames[n:n + code.co_kwonlyargcount])
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append("**" + code.co_varnames[idx])
+        names.append(code.co_varnames[idx])
+    src = f"def ___bind({', '.join(params)}):\n    return {{{', '.join(f'{x!r}: {x}' for x in names)}}}\n"
+    ns: dict = {}
+    exec(compile(src, "<engine binder>", "exec"), ns)
+    return ns["___bind"]
+
+
+def bind_frame(cache: FrameCache, fn, args, kwargs) -> dict:
+    binder = cache.binder
+    if binder is None:
+        binder = cache.binder = make_binder(fn.__code__)
+    if binder.__defaults__ is not fn.__defaults__:
+        binder.__defaults__ = fn.__defaults__
+    if binder.__kwdefaults__ is not fn.__kwdefaults__:
+        binder.__kwdefaults__ = fn.__kwdefaults__
+    L = binder(*args, **kwargs)
+    closure = fn.__closure__
+    if closure:
+        for name, cell in zip(fn.__code__.co_freevars, closure):
+            try:
+                L[name] = cell.cell_contents
+            except ValueError:
+                pass
+    return L
+
+
+# ---------------------------------------------------------------------- which frames compile
+
+_SKIP_DIRS: Optional[tuple] = None
+
+
+def _skip_dirs() -> tuple:
+    global _SKIP_DIRS
+    if _SKIP_DIRS is None:
+        dirs = {os.path.dirname(torch.__file__) + os.sep}
+        for key in ("stdlib", "platstdlib"):
+            p = sysconfig.get_paths().get(key)
+            if p:
+                dirs.add(os.path.realpath(p) + os.sep)
+                dirs.add(p + os.sep)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # engine/
+        dirs.add(here + os.sep)
+        dirs.add(os.path.join(os.path.dirname(here), "observe") + os.sep)
+        _SKIP_DIRS = tuple(dirs)
+    return _SKIP_DIRS
+
+
+def should_compile(fn) -> bool:
+    if not isinstance(fn, types.FunctionType):
+        return False
+    if getattr(fn, "_engine_disabled", False):
+        return False
+    code = fn.__code__
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                        inspect.CO_ITERABLE_COROUTINE):
+        return False
+    filename = code.co_filename
+    if filename.startswith("<") and not code.co_name.startswith("engine_resume"):
+        return not filename.startswith("<engine")
+    return not filename.startswith(_skip_dirs())
+
+
+# ---------------------------------------------------------------------- running
+
+
+def _disabled_depth() -> int:
+    return getattr(_state, "disabled", 0)
+
+
+class disabled_region:
+    """While running a function marked with engine.disable, nothing below compiles."""
+
+    def __enter__(self):
+        _state.disabled = _disabled_depth() + 1
+
+    def __exit__(self, *exc):
+        _state.disabled = _disabled_depth() - 1
+
+
+def run_function(fn, args, kwargs, options: CompileOptions):
+    if _disabled_depth() or not should_compile(fn):
+        return fn(*args, **kwargs)
+    code = fn.__code__
+    cache = cache_for(code)
+    if cache.skip:
+        return fn(*args, **kwargs)
+    L = bind_frame(cache, fn, args, kwargs)
+    G = fn.__globals__
+    key = options.key
+    for entry in cache.entries:
+        if entry.options_key == key and entry.guards.check(L, G):
+            return entry.fn(L, G, fn)
+    # miss: compile with the real values
+    mine = [e for e in cache.entries if e.options_key == key]
+    if len(mine) >= config.cache_size_limit:
+        if not cache.limit_warned:
+            cache.limit_warned = True
+            from .convert_frame import report_cache_limit
+            report_cache_limit(code, mine, L, G)
+        return fn(*args, **kwargs)
+    from .convert_frame import convert_frame
+    entry = convert_frame(fn, L, G, options, cache, mine)
+    if entry is None:
+        cache.skip = True
+        return fn(*args, **kwargs)
+    cache.entries.append(entry)
+    return entry.fn(L, G, fn)
+
+
+def make_trampoline(options: CompileOptions) -> Callable:
+    """What generated code calls at a graph break instead of calling `fn` directly."""
+
+    def trampoline(fn, *args, **kwargs):
+        if isinstance(fn, types.FunctionType):
+            return run_function(fn, args, kwargs, options)
+        if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options)
+        if isinstance(fn, torch.nn.Module) and _plain_module_call(fn):
+            return run_function(type(fn).forward, (fn,) + args, kwargs, options)
+        return fn(*args, **kwargs)
+
+    return trampoline
+
+
+def _plain_module_call(m) -> bool:
+    from torch.nn.modules import module as module_mod
+    return (type(m).__call__ is torch.nn.Module.__call__ and isinstance(type(m).forward, types.FunctionType)
+            and "forward" not in m.__dict__
+            and not (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
+                     getattr(m, "_backward_pre_hooks", None) or module_mod._global_forward_hooks or
+                     module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks or
+                     getattr(module_mod, "_global_backward_pre_hooks", None)))
+
+
+def call_compiled_module(m, args, kwargs, options):
+    """OptimizedModule.__call__: compile forward with `self` as L['self'] (hooks, if any,
+    run eagerly around it)."""
+    if _plain_module_call(m):
+        return run_function(type(m).forward, (m,) + tuple(args), kwargs, options)
+    return m(*args, **kwargs)

@@ -1,0 +1,139 @@
+"""Lowerings vs eager: each aten op family compiled by engine.codegen into C++ kernels
+must give eager's results, for contiguous, strided and broadcast inputs and every dtype
+we emit. One graph per test keeps g++ invocations (one per graph) few."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import observe
+from codegen_helpers import check, compile_graph
+
+torch.manual_seed(0)
+X = torch.randn(6, 10)
+Y = torch.randn(10)
+Z = torch.randn(6, 1)
+I = torch.randint(-5, 5, (6, 10))
+
+
+def test_unary_math_and_activations():
+    fns = (torch.exp, torch.log, torch.abs, torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.tanh,
+           torch.sigmoid, torch.erf, torch.neg, torch.floor, torch.ceil, torch.round, torch.trunc, torch.sign,
+           torch.log1p, torch.expm1, torch.reciprocal, torch.relu, torch.isnan, F.gelu, F.silu, F.softplus,
+           F.elu, F.leaky_relu, F.hardswish, F.mish, lambda t: F.gelu(t, approximate="tanh"))
+    c = check(lambda x: [f(x) for f in fns], X, rtol=1e-5, atol=1e-5)
+    assert c.n_kernels == 1 and c.n_externs == 0   # all of it is one fused pointwise kernel
+
+
+def test_binary_broadcast_and_scalars():
+    check(lambda x, y, z: [x + y, x - z, x * y, x / z, torch.maximum(x, y), torch.minimum(x, z), x ** 2,
+                           x.pow(y), torch.atan2(x, y), x > y, x <= z, x == y, torch.where(x > 0, x, y),
+                           x.clamp(-0.5, 0.5), torch.remainder(x, 0.3), x // 0.7, x + 1, 2 - x, x.add(y, alpha=3)],
+          X, Y, Z)
+
+
+def test_nan_propagates_like_eager():
+    x = torch.tensor([[1.0, float("nan"), -2.0], [0.5, 0.25, float("inf")]])
+    check(lambda x: [torch.relu(x), torch.maximum(x, torch.zeros(3)), x.amax(1), x.argmax(1), x.clamp(min=0)], x)
+
+
+def test_integer_and_bool_ops():
+    b = X > 0
+    check(lambda i: [i + 1, i * 3, i // 3, i % 3, i.abs(), -i, i.sum(), i.sum(1), i.float() / 2, i.max(),
+                     (i > 0).sum(1), i.amax(0), i / 2, i.to(torch.int32) + 1], I)
+    check(lambda b, x: [b & (x > 0.5), ~b, b.any(1), b.all(), torch.where(b, 1.0, 0.0), b.sum(), b.float().mean()],
+          b, X)
+
+
+@pytest.mark.parametrize("shape,dims", [((6, 10), (1,)), ((6, 10), (0,)), ((2, 3, 4), (0, 2)), ((2, 3, 4), (1,))])
+def test_reductions_over_dims(shape, dims):
+    x = torch.randn(shape)
+    check(lambda x: [x.sum(dims), x.mean(dims, keepdim=True), x.amax(dims), x.amin(dims), x.var(dims),
+                     x.std(dims, keepdim=True), x.prod(dims[0]), x.argmax(dims[0]), x.argmin(dims[-1]), x.sum()],
+          x, rtol=1e-4, atol=1e-5)
+
+
+def test_reduction_family():
+    check(lambda x: [x.max(1), x.min(0), x.argmax(), torch.logsumexp(x, 1), x.norm(dim=1), torch.softmax(x, -1),
+                     torch.log_softmax(x, 0)], X, rtol=1e-4, atol=1e-5)
+
+
+def test_views_are_index_rewrites():
+    c = check(lambda x: [x.t() + 1, x.view(2, 3, 10).permute(2, 0, 1) * 2, x[1:4, ::2] - 1, x[:, 3] * 1,
+                         x.reshape(60)[5:20] + 0, x.unsqueeze(1).expand(6, 3, 10) + 0, x.t().contiguous(),
+                         x.t().reshape(60) * 1, x.flatten()[::7] * 3], X)
+    assert c.n_externs == 0
+
+
+def test_views_returned_alias_their_base():
+    x = X.clone()
+    c = compile_graph(lambda x: [x.t(), x[1:3], x.view(60)], x)
+    outs = c(x)
+    assert all(o.data_ptr() >= x.data_ptr() and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+               for o in outs)
+    assert torch.equal(outs[0], x.t())
+
+
+def test_noncontiguous_and_offset_inputs():
+    base = torch.randn(10, 8)
+    for a in (base.t(), base[2:8, 1:7], base[:, ::2]):
+        check(lambda a: [a * 2, a.sum(0), a.softmax(1), a + a.mean()], a, rtol=1e-5, atol=1e-5)
+
+
+def test_cat_pad_stack():
+    check(lambda x, y: [torch.cat([x, x * 2], 0), torch.cat([x, x + 1, x.exp()], 1), F.pad(x, (1, 2)),
+                        F.pad(x, (2, 0, 1, 1), value=3.0), torch.stack([y, y * 2])], X, Y)
+
+
+def test_factories():
+    check(lambda x: [x + torch.arange(10), torch.ones(3, 4) * 2, torch.zeros_like(x) + 1, torch.full((2,), 7),
+                     torch.arange(0, 10, 3), torch.triu(torch.ones(4, 4, dtype=torch.bool), 1)], X)
+
+
+def test_casts_and_low_precision():
+    # bf16/f16 results are rounded after every op, as eager does
+    check(lambda x: [x.double() * 2, x.to(torch.int64), x.bfloat16() * 2, x.half() + 1, (x.bfloat16() * 3).float(),
+                     x.bfloat16().sum(1)], X, rtol=1e-3, atol=1e-3)
+    check(lambda a: [F.layer_norm(a, (10,)), a * a, a.softmax(-1)], X.bfloat16(), rtol=2e-2, atol=2e-2)
+    check(lambda a: [a.softmax(1), a.sum(0) * 2, a.var(1)], X.double(), rtol=1e-10, atol=1e-10)
+
+
+def test_norms_and_losses():
+    check(lambda x, w, b: F.layer_norm(x, (10,), w, b), X, torch.randn(10), torch.randn(10), rtol=1e-4, atol=1e-5)
+    check(lambda a, w: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6) * w, X, torch.randn(10), rtol=1e-4)
+    bn = (torch.randn(2, 3, 4, 4), torch.randn(3), torch.rand(3) + 0.5, torch.randn(3), torch.randn(3))
+    check(lambda a, m, v, w, b: F.batch_norm(a, m, v, w, b, training=False), *bn, rtol=1e-4, atol=1e-5)
+    t = torch.randn(6, 10)
+    check(lambda a, t: [F.mse_loss(a, t), F.smooth_l1_loss(a, t), (a.masked_fill(t > 0, float("-inf"))).softmax(-1)],
+          X, t, rtol=1e-4, atol=1e-5)
+
+
+def test_unlowered_op_runs_as_extern_and_is_a_perf_hint():
+    hints = []
+    fn = observe.subscribe(lambda e: hints.append(e.payload()), logs=["perf_hints"])
+    try:
+        c = check(lambda a: F.max_pool2d(a, 2) + 1, torch.randn(1, 2, 4, 4))
+    finally:
+        observe.unsubscribe(fn)
+    assert "aten.max_pool2d_with_indices.default" in c.fallback_ops
+    assert any("max_pool2d_with_indices" in h and "extern" in h for h in hints)
+
+
+def test_matmul_and_conv_are_extern_kernels_with_fused_epilogues():
+    c = check(lambda x, w, b: torch.relu(F.linear(x, w, b)) * 2, X, torch.randn(5, 10), torch.randn(5))
+    assert c.extern_ops == ["aten.mm.default"] and c.n_kernels == 1
+    c = check(lambda a, w: F.relu(F.conv2d(a, w, padding=1)), torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3),
+              rtol=1e-4, atol=1e-5)
+    assert c.extern_ops == ["aten.convolution.default"] and c.fallback_ops == []
+
+
+def test_graph_codegen_cannot_handle_runs_uncompiled():
+    logs = []
+    fn = observe.subscribe(lambda e: logs.append(e), logs=["inductor"])
+    try:
+        c = check(lambda a: torch.fft.fft(a).abs(), torch.randn(8), allow_fallback=True)
+    finally:
+        observe.unsubscribe(fn)
+    assert c.n_externs >= 1 or c.fallback_reason is not None
