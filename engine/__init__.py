@@ -13,3 +13,11 @@ from observe.metrics import compile_times  # noqa: E402
 from .debug import debug_dir as _debug_dir  # noqa: E402
 
 _debug_dir.install()
+from .api import (OptimizedModule, allow_in_graph, compile, disable, disallow_in_graph, explain,  # noqa: E402
+                  graph_break, mark_dynamic, mark_static, reset)
+from .capture.convert_frame import BackendCompilerFailed, InternalCompilerError, Unsupported  # noqa: E402
+
+__all__ = ["config", "compile", "explain", "reset", "disable", "allow_in_graph", "disallow_in_graph", "graph_break",
+           "mark_dynamic", "mark_static", "OptimizedModule", "Unsupported", "InternalCompilerError",
+           "BackendCompilerFailed"]
+from . import bytecode_debugger  # noqa: E402  engine.bytecode_debugger.debug(): the bytecode step debugger

@@ -132,6 +132,8 @@ def reset() -> None:
     runtime.reset()
     interpreter._code_cache.clear()
     resume.clear_cache()
+    from . import shapes
+    shapes.reset()  # automatic-dynamic memory of each frame's input sizes
 
 
 def disable(fn=None, recursive: bool = True):

@@ -14,6 +14,10 @@ verbose: bool = os.environ.get("TORCHDYNAMO_VERBOSE", "0") == "1"
 debug_function: str | None = os.environ.get("TORCHDYNAMO_DEBUG_FUNCTION") or None
 capture_scalar_outputs: bool = False
 reorderable_logging_functions: set = set()
+# An exception inside the symbolic interpreter (a construct it models wrongly) becomes a
+# graph break at that instruction, so the program still runs correctly (eagerly there).
+# ENGINE_STRICT_CAPTURE=1 raises instead (for developing the engine).
+capture_errors_as_graph_breaks: bool = os.environ.get("ENGINE_STRICT_CAPTURE", "0") != "1"
 
 # guards and recompiles
 cache_size_limit: int = 8
@@ -29,6 +33,10 @@ compile_debug: bool = os.environ.get("TORCH_COMPILE_DEBUG", "0") == "1"
 
 # codegen
 cache_dir: str | None = os.environ.get("ENGINE_CACHE_DIR") or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+# Triton (CUDA tensors): autotune launch configs (mode="max-autotune"); and, for tests on
+# machines without a GPU, emit Triton for CPU tensors and run it under TRITON_INTERPRET.
+max_autotune: bool = os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE", "0") == "1"
+triton_interpret: bool = False
 
 
 def snapshot() -> dict[str, Any]:

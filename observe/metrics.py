@@ -66,6 +66,7 @@ class FunctionSummary:
     total_s: float
     stage_s: dict
     graph_breaks: int
+    _ids: set = dataclasses.field(default_factory=set, repr=False)
 
 
 class MetricsSink:
@@ -115,6 +116,7 @@ class MetricsSink:
                     if md.get("ok") is False:
                         record.failed_stages.append(name)
             elif event.name == "dynamo_start":
+                self._retire(event.compile_id)
                 record = self._record(event)
                 frame = _last_frame(md.get("stack"))
                 if record is not None and frame is not None and record.function is None:
@@ -130,6 +132,19 @@ class MetricsSink:
                 record = self._record(event)
                 if record is not None:
                     record.graph_breaks += 1
+
+    def _retire(self, compile_id: Optional[bus.CompileId]) -> None:
+        """After engine.reset() compile ids start again at 0/0: a finished record under the
+        same id (and its restarts) is kept under a new key instead of being merged."""
+        if compile_id is None:
+            return
+        base = f"{compile_id.frame_id}/{compile_id.frame_compile_id}"
+        for cid in [c for c in self.compiles if _base_id(c) == base]:
+            if self.compiles[cid].stage_s:
+                n = 1
+                while f"{cid}#{n}" in self.compiles:
+                    n += 1
+                self.compiles[f"{cid}#{n}"] = self.compiles.pop(cid)
 
     def _depth(self, name: str) -> int:
         depth, seen = 0, {name}
@@ -147,6 +162,9 @@ class MetricsSink:
         record = self.compiles.get(cid)
         if record is None:
             record = self.compiles[cid] = CompileRecord(cid)
+            first = self.compiles.get(_base_id(cid))
+            if first is not None:   # a restart traces the same function
+                record.function = first.function
         return record
 
     # -- views ---------------------------------------------------------------------------
@@ -160,7 +178,9 @@ class MetricsSink:
             s = grouped.get(key)
             if s is None:
                 s = grouped[key] = FunctionSummary(key, 0, 0.0, {}, 0)
-            s.compiles += 1
+            if _base_id(r.compile_id) not in s._ids:   # a restart (`0/0_1`) is the same compile
+                s._ids.add(_base_id(r.compile_id))
+                s.compiles += 1
             s.total_s += r.total_s
             s.graph_breaks += r.graph_breaks
             for stage, sec in r.stage_s.items():
@@ -208,6 +228,12 @@ def _last_frame(stack) -> Optional[FunctionKey]:
         return None
     return FunctionKey(str(frame.get("name", "<unknown>")), str(frame.get("filename", "")),
                        int(frame.get("line") or frame.get("lineno") or 0))
+
+
+def _base_id(compile_id: str) -> str:
+    """`0/0_1` (attempt 1 of compile 0/0) -> `0/0`; `0/0#1` (before a reset) -> `0/0#1`."""
+    head, _, rest = compile_id.partition("#")
+    return head.split("_", 1)[0] + (f"#{rest}" if rest else "")
 
 
 def _short(filename: str) -> str:

@@ -85,7 +85,7 @@ class ProfilerSink:
         self.internals = internals
         self.timings: list[Timing] = []
         self.stack: list[_Frame] = []
-        self.roots: dict[str, Key] = {}      # compile id -> the compiled user function
+        self.roots: dict[tuple, Key] = {}    # (frame id, compile index) -> the compiled user function
         self.total_ns = 0                    # time under outermost stages: the compile time seen
         self.overhead_ns = 0
         self.events = 0
@@ -114,7 +114,7 @@ class ProfilerSink:
             else:  # dynamo_start names the function this compile traces
                 key = _frame_key(event.metadata.get("stack"))
                 if key is not None and event.compile_id is not None:
-                    self.roots[str(event.compile_id)] = key
+                    self.roots[_frame_compile(event.compile_id)] = key
         finally:
             self.events += 1
             self.overhead_ns += time.perf_counter_ns() - t0
@@ -125,7 +125,7 @@ class ProfilerSink:
         if name == "trace_function" or (name in ROOT_STAGES and md.get("fn_name")):
             return (str(md.get("filename", "")), int(md.get("lineno") or 0), str(md.get("fn_name", "?"))), True
         if name in ROOT_STAGES:
-            root = self.roots.get(str(event.compile_id)) if event.compile_id is not None else None
+            root = self.roots.get(_frame_compile(event.compile_id)) if event.compile_id is not None else None
             if root is not None:
                 return root, True
         return (ENGINE_FILE, 0, f"<{name}>"), False
@@ -280,6 +280,11 @@ class ProfilerSink:
         if not self.timings:
             return
         write(self.report(color=wants_color(stream)), stream)
+
+
+def _frame_compile(compile_id) -> tuple:
+    """A restart (attempt 1 of `0/0`) traces the function `dynamo_start` named for `0/0`."""
+    return (compile_id.frame_id, compile_id.frame_compile_id)
 
 
 def _calls(row: Row) -> str:

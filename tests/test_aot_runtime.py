@@ -220,3 +220,59 @@ def test_get_attr_parameters_are_lifted_and_read_live():
     with torch.no_grad():
         model.fc2.bias.add_(10.0)       # an update after compile is seen: parameters are inputs
         close(compiled(x), model(x))
+
+
+def sgd_update_graph():
+    """What capture records for `loss = (x * w).sum(); with torch.no_grad(): w.sub_(0.1 * g)`:
+    grad mode switches are graph nodes."""
+    g = torch.fx.Graph()
+    x, w, grad = g.placeholder("x"), g.placeholder("w"), g.placeholder("g")
+    loss = g.call_method("sum", (g.call_function(torch.mul, (x, w)),))
+    g.call_function(torch._C._set_grad_enabled, (False,))
+    g.call_method("sub_", (w, g.call_function(torch.mul, (grad, 0.1))))
+    g.call_function(torch._C._set_grad_enabled, (True,))
+    g.output(loss)
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameter_update_under_no_grad_inside_a_training_graph(backend):
+    x, g, w = torch.randn(3), torch.randn(3), torch.randn(3, requires_grad=True)
+    gm = sgd_update_graph()
+    compiled = backend(gm, [x, w.detach().clone().requires_grad_(), g])
+    w_eager = w.detach().clone().requires_grad_()
+    w_comp = w.detach().clone().requires_grad_()
+    gm(x, w_eager, g).backward()
+    compiled(x, w_comp, g).backward()
+    close(w_comp, w_eager)
+    close(w_comp.grad, w_eager.grad)
+    assert w_comp.is_leaf and w_comp.requires_grad
+
+
+class ViewsOfAnOutput(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        return y, y.view(-1), y[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_outputs_that_are_views_of_another_output_stay_views(backend):
+    x = torch.randn(2, 3, requires_grad=True)
+    compiled, _ = run_both(backend, ViewsOfAnOutput(), [x])
+    y, flat, row = compiled(torch.randn(2, 3, requires_grad=True))
+    assert flat._base is y and row._base is y
+    flat.add_(1)                     # as in eager: writes through to y (no custom-Function view error)
+    torch.testing.assert_close(y.view(-1), flat)
+
+
+def test_views_of_outputs_are_rebuilt_from_a_compiler_that_returns_fresh_buffers():
+    def fresh(gm, example_inputs):
+        return lambda *args: tuple(o.clone() for o in gm(*args))
+
+    compiled = aot_compile(torch.fx.symbolic_trace(ViewsOfAnOutput()), [torch.randn(2, 3)], fw_compiler=fresh)
+    x = torch.randn(2, 3)
+    y, flat, row = compiled(x)
+    close(y, x * 2)
+    close(flat, (x * 2).view(-1))
+    close(row, (x * 2)[0])
+    assert flat._base is y

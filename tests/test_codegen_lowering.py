@@ -137,3 +137,18 @@ def test_graph_codegen_cannot_handle_runs_uncompiled():
     finally:
         observe.unsubscribe(fn)
     assert c.n_externs >= 1 or c.fallback_reason is not None
+
+
+def test_dynamic_shapes_pass_sizes_as_kernel_arguments():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from engine.codegen import compile_fx_graph, decomposition_table
+
+    def f(x, w):
+        return torch.softmax(x * 2, -1).sum(0) + F.layer_norm(x, (x.shape[-1],)).mean(0) * w
+    gm = make_fx(f, decomposition_table=decomposition_table(), tracing_mode="symbolic")(X, Y)
+    c = compile_fx_graph(gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+    assert c.fallback_reason is None
+    for rows, cols in [(5, 7), (3, 9), (8, 16)]:      # one compiled graph, any size
+        x, w = torch.randn(rows, cols), torch.randn(cols)
+        torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-5)
+    assert "int64_t s" in c.source and "= arg0.size(0)" in c.source

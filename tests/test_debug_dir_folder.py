@@ -96,16 +96,18 @@ def test_runnable_reproduces_the_graph_outputs_on_its_inputs(sink, tmp_path):
 def test_runnable_keeps_dtypes_strides_and_python_values(tmp_path):
     from engine.debug import fx_runnable
 
-    def fn(x, idx, mask, n: int):
-        return x.t()[idx] * mask.float().sum() + n
+    def fn(x, idx, mask, n: int, z):
+        return x.t()[idx] * mask.float().sum() + n + z.imag.sum()
 
     gm = torch.fx.symbolic_trace(fn)
-    inputs = [torch.randn(4, 3).t(), torch.tensor([0, 2, 1]), torch.tensor([True, False]), 3]
+    inputs = [torch.randn(4, 3).t(), torch.tensor([0, 2, 1]), torch.tensor([True, False]), 3,
+              torch.randn(2, dtype=torch.complex64)]
     path = fx_runnable.write(gm, inputs, str(tmp_path / "r.py"))
     ns = runpy.run_path(path)
     made = ns["make_inputs"]()
     assert made[0].stride() == (1, 3) and made[1].dtype == torch.int64 and made[2].dtype == torch.bool
     assert made[3] == 3
+    assert made[4].dtype == torch.complex64 and made[4].imag.abs().sum() > 0
     torch.testing.assert_close(ns["run"](), gm(*made))
 
 
@@ -174,3 +176,11 @@ def test_aot_stage_graphs_land_beside_the_captured_graph(sink, tmp_path):
     assert {"aot_joint_graph.py", "aot_forward_graph.py", "aot_backward_graph.py"} <= files
     forward = open(os.path.join(folder, "aot_forward_graph.py")).read()
     assert "torch.ops.aten.abs" in forward or "aten.abs" in forward
+
+
+def test_a_repeated_compile_id_after_reset_gets_its_own_folder(sink, tmp_path):
+    compile_graph(toy_example, [torch.randn(3), torch.randn(3)], frame_id=0)
+    compile_graph(toy_example, [torch.randn(3), torch.randn(3)], frame_id=0)   # after engine.reset()
+    run = only_run_dir(tmp_path)
+    assert {"toy_example__0_0", "toy_example__0_0-1"} <= set(os.listdir(run))
+    assert os.listdir(os.path.join(run, "toy_example__0_0-1")) != []

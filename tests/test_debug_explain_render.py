@@ -97,3 +97,23 @@ def test_print_to_a_pipe_is_plain():
     buf = io.StringIO()
     explain_render.print_explain(toy_output(), file=buf)
     assert buf.getvalue().startswith("Graph Count: 3\n") and "\x1b[" not in buf.getvalue()
+
+
+def test_engine_explain_output_renders_with_user_frames_and_source(capsys):
+    import engine
+
+    def toy_example(a, b):
+        x = a / (torch.abs(a) + 1)
+        print("woo")
+        if b.sum() < 0:
+            b = b * -1
+        return x * b
+
+    engine.reset()
+    out = engine.explain(toy_example)(torch.randn(10), torch.randn(10))
+    text = explain_render.render(out, color=False)
+    line = toy_example.__code__.co_firstlineno
+    assert text.startswith("Graph Count: 3\nGraph Break Count: 2\n")
+    assert f"      <FrameSummary file {__file__}, line {line + 2} in toy_example>\n        print(\"woo\")\n" in text
+    assert "    Registry Id: GB0003\n" in text
+    assert "  Guard 1:\n" in text and "Compile Times" not in text

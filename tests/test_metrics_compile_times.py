@@ -105,3 +105,11 @@ def test_costs_nothing_when_no_compile_happens(sink):
     # A cached call emits no compile event: the sink sees nothing and keeps nothing.
     observe.emit("some_runtime_event", {"x": 1})
     assert sink.stage_times == {} and sink.compiles == {}
+
+
+def test_compile_ids_repeated_after_a_reset_stay_separate_records(sink):
+    compile_graph(toy, [torch.randn(3)], frame_id=0, compile_idx=0)
+    compile_graph(other, [torch.randn(3)], frame_id=0, compile_idx=0)   # engine.reset() restarted the ids
+    names = sorted(r.function.name for r in sink.compiles.values())
+    assert names == ["other", "toy"]
+    assert {s.function.name: s.compiles for s in sink.per_function()} == {"toy": 1, "other": 1}

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from typing import BinaryIO, Optional
 
 from . import interpret
@@ -32,8 +33,14 @@ SEARCH_CODE_PER_ARTIFACT = 200_000
 SEARCH_CODE_TOTAL = 32 << 20
 SHARD_BYTES = 2 << 20
 METRIC_DROP = ("dynamo_config", "inductor_config")
+# compilation_metrics fields kept in memory (the front page and the status need them); the
+# whole record goes to the spool and onto the compile page
+KEPT_METRICS = ("entire_frame_compile_time_s", "backend_compile_time_s", "inductor_compile_time_s",
+                "code_gen_time_s", "dynamo_time_before_restart_s", "guard_count", "shape_env_guard_count",
+                "graph_op_count", "graph_node_count", "graph_input_count", "cache_size", "accumulated_cache_size",
+                "has_guarded_code", "fail_type")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_VOLATILE_METRIC = re.compile(r"(_s$|time|overhead|start)")
+_VOLATILE_METRIC = re.compile(r"(_s$|_us$|_ms$|_ns$|time|duration|overhead|start)")
 _ADDRESS = re.compile(rb"0x[0-9a-fA-F]{6,}")
 _UUID = re.compile(rb"[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12}")
 
@@ -118,6 +125,11 @@ class Collector:
                  timeline: Optional[BinaryIO] = None, raw: Optional[BinaryIO] = None,
                  rank: Optional[int] = None) -> None:
         self.root = root
+        # Page fragments that only the compile pages need (all metrics fields, other events)
+        # wait here on disk, not in memory, until the pages are written.
+        self._spool_path = os.path.join(root, ".tlparse-spool")
+        self._spool = open(self._spool_path, "w+b")
+        self._spool_end = 0
         self.plain = plain
         self.search = search
         self.timeline = timeline
@@ -138,6 +150,7 @@ class Collector:
         self.config: dict[str, str] = {}          # name -> url of a config artifact
         self.dynamo_config: Optional[str] = None
         self.config_pages: dict[str, str] = {}    # md5 of a config text -> its page
+        self.pending_recompile: list = []
         self.ranks_seen: set = set()
         self.artifact_no = 0
         self._chromium_stacks: dict = {}
@@ -191,6 +204,9 @@ class Collector:
             self._chromium(comp, payload, meta)
             self._raw(r, None)
             return
+        if kind == "dynamo_start" and self.pending_recompile and key != (None, None, None):
+            comp.recompile.extend(self.pending_recompile)  # reasons logged just before this compile began
+            self.pending_recompile = []
         if kind == "dynamo_start" and isinstance(meta, dict):
             comp.stack = [f for f in (interpret.format_frame(fr, self.strings) for fr in meta.get("stack") or [])
                           if f]
@@ -219,11 +235,34 @@ class Collector:
                 self._artifact_meaning(comp, name, payload, url)
         elif kind not in ("dynamo_start",):
             if len(comp.events) < EVENTS_PER_COMPILE:
-                text = r.raw.decode("utf-8", "replace")
-                comp.events.append((attempt, kind, r.lineno, text[:1500] + ("…" if len(text) > 1500 else "")))
+                raw = r.raw if len(r.raw) <= 1500 else r.raw[:1500] + "…".encode()
+                comp.events.append((attempt, sys.intern(kind), r.lineno, self.spill(raw)))
             else:
                 comp.events_dropped += 1
         self._raw(r, url)
+
+    # ---- the spool
+    def spill(self, data: bytes) -> tuple[int, int]:
+        self._spool.write(data)
+        ref = (self._spool_end, len(data))
+        self._spool_end += len(data)
+        return ref
+
+    def unspill(self, ref: Optional[tuple[int, int]]) -> str:
+        if not ref:
+            return ""
+        self._spool.flush()
+        self._spool.seek(ref[0])
+        data = self._spool.read(ref[1])
+        self._spool.seek(0, os.SEEK_END)
+        return data.decode("utf-8", "replace")
+
+    def close(self) -> None:
+        """Drop the spool (after the pages are written)."""
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+            os.remove(self._spool_path)
 
     # ---- pieces
     def _note_unparsed(self, r: Record, why: str) -> None:
@@ -292,7 +331,11 @@ class Collector:
         if name == "dynamo_graph_break_reason":
             self._add_break(comp, interpret.parse_graph_break_text(payload.decode("utf-8", "replace")))
         elif name == "recompile_reasons":
-            comp.recompile.extend(interpret.parse_recompile_reasons(payload.decode("utf-8", "replace")))
+            reasons = interpret.parse_recompile_reasons(payload.decode("utf-8", "replace"))
+            if comp.key == (None, None, None):
+                self.pending_recompile.extend(reasons)   # no compile id: it belongs to the next compile
+            else:
+                comp.recompile.extend(reasons)
         elif name == "torch_version":
             try:
                 value = json.loads(payload)
@@ -311,7 +354,8 @@ class Collector:
         # and the text artifact): same reason in the same compile = one break; keep the
         # report that knows the user line.
         for gk in comp.breaks:
-            if gk[2] == info.reason:
+            same_line = info.user_file is not None and gk[0] == info.user_file and gk[1] == info.user_line
+            if gk[2] == info.reason or same_line:
                 if gk[0] is not None or info.user_file is None:
                     self._merge(self.breaks[gk].info, info)
                     return
@@ -364,12 +408,8 @@ class Collector:
                     if k == "dynamo_config":
                         self.dynamo_config = meta[k]
                 small[k] = f"see {url}"
-        if kind == "bwd_compilation_metrics":
-            comp.bwd_metrics = small
-        else:
-            comp.metrics = {k: v for k, v in small.items()
-                            if not isinstance(v, (str, list)) or len(str(v)) < 300 or k in (
-                                "fail_reason", "restart_reasons")}
+        if kind != "bwd_compilation_metrics":
+            comp.metrics = {k: small[k] for k in KEPT_METRICS if k in small}
             if meta.get("fail_type"):
                 comp.fail_type = str(meta["fail_type"])
                 comp.fail_reason = str(meta.get("fail_reason") or "")
@@ -384,11 +424,11 @@ class Collector:
         if self.plain:  # times and start stamps differ between runs; timings.txt has them
             shown = {k: v for k, v in small.items() if not _VOLATILE_METRIC.search(k)}
         # one field a line, from one call of the C encoder (indent= would use the slow Python one)
-        text = json.dumps(shown, sort_keys=True, default=str, separators=(",\n", ": "))
+        text = json.dumps(shown, sort_keys=True, default=str, separators=(",\n", ": ")).encode()
         if kind == "bwd_compilation_metrics":
-            comp.bwd_metrics_text = text
+            comp.bwd_metrics_text = self.spill(text)
         else:
-            comp.metrics_text = text
+            comp.metrics_text = self.spill(text)
         return f"compiles/{comp.slug}.{'txt' if self.plain else 'html'}#{kind}"
 
     def _chromium(self, comp: Compile, payload: Optional[bytes], meta) -> None:
@@ -409,7 +449,7 @@ class Collector:
             self.timeline.write((b",\n" if self.timeline_count else b"") + data)
             self.timeline_count += 1
         ph = ev.get("ph")
-        name = str(ev.get("name"))
+        name = sys.intern(str(ev.get("name")))   # a few stage names, repeated in every compile
         ts = ev.get("ts")
         if not isinstance(ts, (int, float)):
             return
@@ -433,8 +473,20 @@ class Collector:
 
     # ---- after the pass
     def finish(self) -> None:
-        """Costs of graph breaks: the frames they caused (resume functions compiled) and
-        the compile time those frames and restarts took."""
+        """Fill what a compile's own events lacked from its frame's other compiles, and
+        cost the graph breaks: the frames they caused (resume functions compiled) and the
+        compile time those frames and restarts took."""
+        known: dict = {}
+        for comp in self.compiles.values():
+            if comp.co_name or comp.stack:
+                known.setdefault((comp.key[0], comp.key[1]), comp)
+        for comp in self.compiles.values():
+            other = known.get((comp.key[0], comp.key[1]))
+            if other is not None and other is not comp:
+                comp.stack = comp.stack or other.stack
+                comp.co_name = comp.co_name or other.co_name
+                comp.co_filename = comp.co_filename or other.co_filename
+                comp.co_firstlineno = comp.co_firstlineno or other.co_firstlineno
         by_resume: dict[tuple, list[Compile]] = {}
         for comp in self.compiles.values():
             name = comp.co_name or (comp.stack[-1][0].rsplit(" in ", 1)[-1] if comp.stack else None)

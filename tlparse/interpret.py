@@ -19,7 +19,8 @@ _EXPECTED = re.compile(r"expected (?P<expected>[^,]+?),\s*actual (?P<actual>\S+?
 _GUARD_COMPARE = re.compile(r"^(?P<lhs>.+?)\s*(?P<op>==|!=|is not|is|<=|>=|<|>)\s*(?P<rhs>[^#]+?)\s*$")
 _LITERAL = re.compile(r"^(-?\d[\d._e+-]*|True|False|None|'[^']*'|\"[^\"]*\")$")
 _WHERE = re.compile(r"\S+:\d+ in \S+$")
-_CID_PREFIX = re.compile(r"^\s*(?P<cid>!?[\d/_-]+):\s+")
+_CID_PREFIX = re.compile(r"^\s*(?:-\s+)?(?P<cid>!?\d+/\d+(?:_\d+)?|!?\d+/\d+/\d+(?:_\d+)?):\s+")
+_GB_ID = re.compile(r"^(?P<id>GB\d+):\s*")
 
 
 @dataclasses.dataclass
@@ -70,6 +71,9 @@ def parse_graph_break_text(text: str) -> BreakInfo:
         blocks = blocks[1:]
     head = blocks[0] if blocks and blocks[0] else [""]
     reason = head[0].strip()
+    gb_id = _GB_ID.match(reason)
+    if gb_id:   # ours: "GB0001: Call to a builtin ..."
+        reason = reason[gb_id.end():]
     explanation, hints = _explanation_and_hints(lines)
     info = BreakInfo(reason=reason or "(no reason given)", explanation=explanation, hints=hints)
     if at:
@@ -80,6 +84,8 @@ def parse_graph_break_text(text: str) -> BreakInfo:
     gb = re.search(r"/gb/(gb\d+)\.html", text)
     if gb:
         info.break_id = gb.group(1)
+    elif gb_id:
+        info.break_id = gb_id.group("id")
     return info
 
 
@@ -132,7 +138,7 @@ def break_from_event(meta: Any, strings: dict[int, str]) -> BreakInfo:
             info.user_file = resolve_filename(last.get("filename"), strings)
             line = last.get("line", last.get("lineno"))
             info.user_line = int(line) if isinstance(line, int) or (isinstance(line, str) and line.isdigit()) else None
-            info.user_code = str(last.get("loc") or "")
+            info.user_code = str(last.get("loc") or last.get("code") or "").strip()
     if meta.get("graph_break_id") is not None:
         info.break_id = str(meta["graph_break_id"])
     return info
@@ -152,7 +158,7 @@ def format_frame(frame: Any, strings: dict[int, str]) -> Optional[tuple[str, str
         return None
     filename = resolve_filename(frame.get("filename"), strings) or "?"
     line = frame.get("line", frame.get("lineno", "?"))
-    return f"{filename}:{line} in {frame.get('name', '?')}", str(frame.get("loc") or "")
+    return f"{filename}:{line} in {frame.get('name', '?')}", str(frame.get("loc") or frame.get("code") or "").strip()
 
 
 def parse_recompile_reasons(text: str) -> list[RecompileReason]:
@@ -179,14 +185,15 @@ def parse_recompile_reasons(text: str) -> list[RecompileReason]:
 
 
 def _split_text_reasons(text: str) -> list[str]:
-    """Plain-text reasons: a new reason starts at each `<compile id>: ` line."""
+    """Plain-text reasons: a new reason starts at each `<compile id>: ` line (PyTorch's),
+    or `- <compile id>: ` under a `Recompiling function ...` preamble (ours)."""
     items: list[str] = []
     for ln in text.splitlines():
-        if _CID_PREFIX.match(ln) or not items:
-            items.append(ln)
-        else:
+        if _CID_PREFIX.match(ln):
+            items.append(ln.strip().lstrip("- ").strip() if ln.lstrip().startswith("- ") else ln)
+        elif items:
             items[-1] += "\n" + ln
-    return items
+    return items or [text]
 
 
 def _reason_from_text(text: str) -> RecompileReason:
@@ -216,6 +223,11 @@ def _reason_from_text(text: str) -> RecompileReason:
         else:
             r.note = " ".join(parts)
     return r
+
+
+def base_entry(entry: str) -> str:
+    """"0/0_1" -> "0/0": the cache entry of a compile, whichever attempt made it."""
+    return re.sub(r"_\d+$", "", entry or "")
 
 
 def resume_target(co_name: Optional[str]) -> Optional[tuple[str, int]]:

@@ -32,7 +32,7 @@ def compile_slug(key: CompileKey) -> str:
     return "_".join(parts)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)   # thousands of these: no per-instance __dict__
 class Artifact:
     attempt: int
     name: str
@@ -42,7 +42,7 @@ class Artifact:
     md5: Optional[str]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Compile:
     key: CompileKey
     order: int                                   # first appearance in the trace
@@ -54,12 +54,11 @@ class Compile:
     co_filename: Optional[str] = None
     co_firstlineno: Optional[int] = None
     artifacts: list = dataclasses.field(default_factory=list)   # [Artifact]
-    events: list = dataclasses.field(default_factory=list)      # [(attempt, name, lineno, json text)]
+    events: list = dataclasses.field(default_factory=list)      # [(attempt, name, lineno, spool ref of its JSON)]
     events_dropped: int = 0
-    metrics: dict = dataclasses.field(default_factory=dict)     # compilation_metrics, config dropped
-    metrics_text: str = ""                                      # every field, one "key: value" a line
-    bwd_metrics: dict = dataclasses.field(default_factory=dict)
-    bwd_metrics_text: str = ""
+    metrics: dict = dataclasses.field(default_factory=dict)     # the compilation_metrics fields we show
+    metrics_text: Optional[tuple] = None                        # spool ref: every field, one a line
+    bwd_metrics_text: Optional[tuple] = None
     fail_type: Optional[str] = None
     fail_reason: Optional[str] = None
     fail_where: Optional[str] = None

@@ -12,6 +12,7 @@ import textwrap
 
 from . import __version__, stacktrie
 from .collect import Collector
+from .interpret import base_entry
 from .report import Options, failures, frame_name, frame_where, frames_of, real_compiles
 
 
@@ -62,11 +63,15 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
             continue
         any_re = True
         lines.append(f"{frame_name(cs[0])} ({frame_where(cs[0])}): {len(cs)} compiles")
-        for c in cs[1:]:
-            for r in c.recompile or []:
+        for i, c in enumerate(cs[1:], 1):
+            prev = cs[i - 1].label.strip("[]")
+            shown = [r for r in c.recompile if not r.entry or base_entry(r.entry) == prev] or c.recompile
+            for r in shown:
                 extra = "".join([f" expected={r.expected}" if r.expected else "", f" actual={r.actual}" if r.actual else "",
                                  f" at {r.user_line}" if r.user_line else "", f" | {r.user_code}" if r.user_code else ""])
                 lines.append(f"  {c.label} entry {r.entry}: {r.guard}{extra}")
+            if len(shown) < len(c.recompile):
+                lines.append(f"    (+ {len(c.recompile) - len(shown)} older cache entries failed too)")
             if not c.recompile:
                 lines.append(f"  {c.label}: no reason in the trace")
     if not any_re:
@@ -87,7 +92,7 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
     _write(out, "index.txt", "\n".join(lines) + "\n")
 
     for c in col.compiles.values():
-        _write(out, f"compiles/{c.slug}.txt", compile_text(c))
+        _write(out, f"compiles/{c.slug}.txt", compile_text(c, col))
 
     t = ["Compile times (vary between runs; kept out of index.txt)", ""]
     for c in sorted(comps, key=lambda c: -(c.compile_time_s() or 0)):
@@ -100,7 +105,7 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
     _write(out, "timings.txt", "\n".join(t) + "\n")
 
 
-def compile_text(c) -> str:
+def compile_text(c, col: Collector) -> str:
     lines = [f"{c.label} {frame_name(c)} ({c.status()})", f"where: {frame_where(c)}"]
     if c.stack:
         lines.append("stack:")
@@ -113,9 +118,9 @@ def compile_text(c) -> str:
     for r in c.restart_reasons:
         lines += ["restart:", _indent(r)]
     if c.metrics_text:
-        lines += ["compilation metrics (times in timings.txt):", _indent(c.metrics_text)]
+        lines += ["compilation metrics (times in timings.txt):", _indent(col.unspill(c.metrics_text))]
     if c.bwd_metrics_text:
-        lines += ["backward compilation metrics:", _indent(c.bwd_metrics_text)]
+        lines += ["backward compilation metrics:", _indent(col.unspill(c.bwd_metrics_text))]
     lines.append("artifacts:")
     lines += [f"  attempt {a.attempt}: {a.name} -> {a.url}" for a in c.artifacts]
     return "\n".join(lines) + "\n"

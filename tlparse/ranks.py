@@ -30,6 +30,7 @@ class RankSummary:
     frames: dict          # frame label ("0 fn") -> [compile labels]
     reasons: dict         # compile label -> ["guard", ...]
     statuses: dict        # compile label -> status
+    pages: dict           # compile label -> its page, relative to the rank's report
     breaks: set
     unparsed: int
     timeline_events: int
@@ -50,7 +51,7 @@ def summarize(col, rank: int, path: str, sub: str) -> RankSummary:
     comps = real_compiles(col)
     frames: dict = {}
     for c in comps:
-        frames.setdefault(f"{c.key[1]} {frame_name(c)}", []).append(c.label)
+        frames.setdefault(f"frame {c.key[1]} ({frame_name(c)})", []).append(c.label)
     return RankSummary(
         rank=rank, path=path, dir=sub,
         graphs={c.label: c.graph_md5 for c in comps},
@@ -58,6 +59,7 @@ def summarize(col, rank: int, path: str, sub: str) -> RankSummary:
         frames=frames,
         reasons={c.label: [r.guard for r in c.recompile] for c in comps if c.recompile},
         statuses={c.label: c.status() for c in comps},
+        pages={c.label: f"compiles/{c.slug}.{'txt' if col.plain else 'html'}" for c in comps},
         breaks={f"{g.info.reason} at {g.info.user_file}:{g.info.user_line}" for g in col.breaks.values()},
         unparsed=col.unparsed_count, timeline_events=col.timeline_count)
 
@@ -87,7 +89,7 @@ def compare(ranks: list[RankSummary]) -> list[Divergence]:
             firsts = [next(r for r in ranks if r.rank == v[0]) for v in md5s.values()][:2]
             out.append(Divergence("graph", label, f"different graphs captured: {groups}\n"
                                   + graph_diff(firsts[0], firsts[1], label)))
-    all_frames = sorted({f for r in ranks for f in r.frames}, key=lambda s: _label_order(s.split(" ")[0]))
+    all_frames = sorted({f for r in ranks for f in r.frames}, key=_label_order)
     for frame in all_frames:
         counts = {r.rank: len(r.frames.get(frame, [])) for r in ranks}
         if len(set(counts.values())) > 1:
@@ -201,7 +203,7 @@ def _write_html(out: str, ranks: list[RankSummary], divs: list[Divergence]) -> N
         st: dict = {}
         for s in r.statuses.values():
             st[s] = st.get(s, 0) + 1
-        links = " ".join(f'<a class="cid status-{esc(s)}" href="{esc(r.dir)}/index.html">{esc(label)}</a>'
+        links = " ".join(f'<a class="cid status-{esc(s)}" href="{esc(r.dir)}/{esc(r.pages[label])}">{esc(label)}</a>'
                          for label, s in r.statuses.items())
         rows.append([f'<a href="{esc(r.dir)}/index.html">rank {r.rank}</a>', f'<span class="mono">{esc(r.path)}</span>',
                      str(len(r.graphs)), links, str(len(r.breaks)), str(r.unparsed)])

@@ -33,20 +33,6 @@ class Record:
     payload: Optional[bytes]
     error: Optional[str] = None
 
-    def glog(self) -> dict:
-        """The glog prefix `V1122 02:08:22.133000 8673 torch/_dynamo/x.py:303` as fields."""
-        parts = self.prefix.decode("utf-8", "replace").split()
-        out: dict = {}
-        if len(parts) >= 4:
-            out["level"] = parts[0][:1]
-            out["date"] = parts[0][1:]
-            out["time"] = parts[1]
-            out["thread"] = parts[2]
-            path, _, line = parts[3].rpartition(":")
-            out["pathname"] = path
-            out["lineno"] = int(line) if line.isdigit() else line
-        return out
-
 
 def _payload(block: bytes) -> Optional[bytes]:
     """TAB-prefixed payload lines -> the payload text (tabs stripped, joined with \\n)."""

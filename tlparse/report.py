@@ -13,7 +13,7 @@ from typing import Optional
 from . import __version__, assets, stacktrie
 from .collect import Collector, SearchWriter
 from .html_util import code_block, esc, fmt_seconds, page, table, write_file
-from .interpret import resume_target
+from .interpret import base_entry, resume_target
 from .model import Compile
 
 SLOWEST = 15
@@ -55,6 +55,7 @@ def render_log(paths: list[str], out: str, opts: Options, rank: Optional[int] = 
         write_index(col, out, opts, inputs, rank)
         write_search_page(out, col.search)
     write_directory(col, out, opts.plain)
+    col.close()
     return col
 
 
@@ -116,7 +117,7 @@ def _add_actuals(col: Collector) -> None:
                     continue
                 lhs = r.guard.split(" == ", 1)[0].strip()
                 for r2 in later.recompile:
-                    if r2.entry == c.label.strip("[]") and r2.guard.split(" == ", 1)[0].strip() == lhs:
+                    if base_entry(r2.entry) == c.label.strip("[]") and r2.guard.split(" == ", 1)[0].strip() == lhs:
                         r.actual = r2.expected
                         break
 
@@ -227,21 +228,21 @@ def write_compile_pages(col: Collector, out: str) -> None:
                 rows.append([esc(c.label[:-1] + (f"_{a.attempt}]" if a.attempt else "]")),
                              f'<a href="../{esc(a.url)}">{esc(a.name)}</a>', f"{a.size:,}", str(a.lineno)])
             parts.append("<h2>Artifacts</h2>" + table(["attempt", "artifact", "bytes", "trace line"], rows, {2, 3}))
-        if c.metrics:
+        if c.metrics_text:
             rows = [[esc(k), esc(_fmt_metric(c.metrics.get(k)))] for k in METRIC_KEYS if k in c.metrics]
             parts.append('<h2 id="compilation_metrics">Compilation metrics</h2>' + table(["metric", "value"], rows, {1})
-                         + "<details><summary>all fields</summary>" + code_block(c.metrics_text, "text", wrap=True)
-                         + "</details>")
+                         + "<details><summary>all fields</summary>"
+                         + code_block(col.unspill(c.metrics_text), "json", wrap=True) + "</details>")
         if c.bwd_metrics_text:
             parts.append('<h2 id="bwd_compilation_metrics">Backward compilation metrics</h2>'
-                         + code_block(c.bwd_metrics_text, "text", wrap=True))
+                         + code_block(col.unspill(c.bwd_metrics_text), "json", wrap=True))
         if c.stages:
             total = c.top_us or None
             rows = [[esc(k), fmt_seconds(v / 1e6), f"{100 * v / total:.0f}%" if total else ""]
                     for k, v in sorted(c.stages.items(), key=lambda kv: -kv[1])]
             parts.append("<h2>Time per stage</h2>" + table(["stage", "time", "of compile"], rows, {1, 2}))
         if c.events:
-            rows = [[str(a), esc(n), str(ln), f"<code>{esc(t)}</code>"] for a, n, ln, t in c.events]
+            rows = [[str(a), esc(n), str(ln), f"<code>{esc(col.unspill(ref))}</code>"] for a, n, ln, ref in c.events]
             note = f"<p class=muted>{c.events_dropped} more in raw.jsonl</p>" if c.events_dropped else ""
             parts.append(f"<h2>Other events</h2><details><summary>{len(c.events)} events</summary>"
                          + table(["attempt", "event", "trace line", "data"], rows) + note + "</details>")
@@ -315,10 +316,13 @@ def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Opt
                      f"{len(cs)} compiles</h3>")
             rows = []
             for c in cs[1:]:
-                rs = [r for r in c.recompile if not r.entry or r.entry == cs[cs.index(c) - 1].label.strip("[]")] \
-                    or c.recompile
+                prev = cs[cs.index(c) - 1].label.strip("[]")
+                rs = [r for r in c.recompile if not r.entry or base_entry(r.entry) == prev] or c.recompile
                 if not rs:
                     rows.append([link(c), '<span class="muted">no reason in the trace</span>', "", "", ""])
+                elif len(rs) < len(c.recompile):
+                    rows.append(["", f'<span class="muted">+ {len(c.recompile) - len(rs)} older cache entries '
+                                 f'failed too (<a href="compiles/{c.slug}.html">all</a>)</span>', "", "", ""])
                 for r in rs:
                     rows.append([link(c), f"<code>{esc(r.guard)}</code>" + (f' <span class="muted">(entry {esc(r.entry)})</span>' if r.entry else ""),
                                  esc(r.expected or ""), esc(r.actual or ""),

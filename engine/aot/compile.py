@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import observe
 
-from .errors import AOTAutogradError
+from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams, TensorSpec, alias_pattern, lift_parameters, make_fake, spec_of
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
@@ -92,7 +92,9 @@ class AOTCompiled:
         return entry(flat)
 
     def _key(self, flat: list) -> tuple:
-        return (torch.is_grad_enabled(), tuple(spec_of(a) for a in flat), alias_pattern(flat))
+        # Autocast is baked into the traced graph, so it is part of the key.
+        return (torch.is_grad_enabled(), tuple(spec_of(a) for a in flat), alias_pattern(flat),
+                torch._C._is_any_autocast_enabled())
 
     def precompile(self, example_inputs: list) -> None:
         if len(example_inputs) != self.num_user:
@@ -113,7 +115,7 @@ class AOTCompiled:
         return entry
 
     def _build(self, key: tuple, flat: list):
-        grad_enabled, specs, aliases = key
+        grad_enabled, specs, aliases, _autocast = key
         # A ShapeEnv lets data-dependent scalars (`t.item()` in the graph) trace as symbols.
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
@@ -151,7 +153,14 @@ class AOTCompiled:
 
     def _build_training(self, tracer: _Tracer, meta: GraphMeta, fakes: list, flat: list, gid: int):
         with observe.stage("aot_trace_joint_graph"):
-            joint, layout = tracer.trace_joint(fakes)
+            try:
+                joint, layout = tracer.trace_joint(fakes)
+            except BackwardTraceError as exc:
+                # Running the graph as captured reproduces eager exactly: the same error,
+                # raised by autograd when (and only if) the user calls backward.
+                observe.log("aot", logging.INFO, "graph %d runs eagerly (not compiled): autograd refused its "
+                            "backward: %s", gid, exc.cause)
+                return EagerFallback(self.gm, self.num_user, f"backward refused by autograd: {exc.cause}")
         observe.emit("aot_joint_graph", {"title": f"===== Joint graph {gid} ====="},
                      payload=lambda: readable(joint), log="aot_joint_graph")
         with observe.stage("aot_partition", partitioner=self.config.partitioner):

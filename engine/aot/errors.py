@@ -27,3 +27,8 @@ def _user_line(node: torch.fx.Node) -> str:
     trace = node.meta.get("stack_trace") or ""
     lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
     return "\n    ".join(lines[-2:]) if lines else ""
+
+
+class BackwardTraceError(AOTAutogradError):
+    """Autograd itself refused the program's backward (e.g. a saved tensor modified in
+    place): eager would raise the same error, at backward time."""

@@ -25,6 +25,12 @@ class InputInfo:
     mutates_metadata: bool
     requires_grad: bool          # before the call
     requires_grad_after: bool    # a mutation can make it require grad: buf.copy_(param)
+    mutated_under_no_grad: bool = False   # every mutation ran under no_grad (an optimizer step)
+
+    @property
+    def differentiable_mutation(self) -> bool:
+        """The new value carries autograd history into the input (buf.copy_(param))."""
+        return self.mutates_data and self.requires_grad_after and not self.mutated_under_no_grad
 
 
 @dataclasses.dataclass
@@ -34,6 +40,7 @@ class OutputInfo:
     kind: "graph"    computed by the aten graph, at `index` among its user outputs
           "input"    the input object `index` itself (returned as is, maybe mutated)
           "alias"    a view of input `index`, regenerated as a real view of the real input
+          "output_alias" a view of graph output `index`, regenerated from it
           "constant" a non-tensor value, `constant`
     """
 
@@ -44,6 +51,8 @@ class OutputInfo:
     stride: tuple = ()
     storage_offset: int = 0
     requires_grad: bool = False
+    fallback_index: int = -1     # output_alias: the graph output to use if the view cannot be rebuilt
+    base_layout: tuple = ()      # output_alias: (size, stride) the view's base had when traced
 
 
 @dataclasses.dataclass
@@ -63,7 +72,7 @@ class GraphMeta:
 
     def forward_output_requires_grad(self) -> list[bool]:
         """requires_grad of each aten-graph output (mutated inputs first, then user outputs)."""
-        muts = [self.inputs[i].requires_grad_after for i in self.mutated_inputs]
+        muts = [self.inputs[i].differentiable_mutation for i in self.mutated_inputs]
         return muts + list(self.graph_output_requires_grad)
 
     def tangent_mask(self) -> list[bool]:
@@ -84,6 +93,8 @@ class GraphMeta:
             what = {"graph": f"graph output {o.index}", "input": f"input {o.index} itself",
                     "alias": f"view of input {o.index} size={list(o.size)} stride={list(o.stride)} "
                              f"offset={o.storage_offset}",
+                    "output_alias": f"view of graph output {o.index} size={list(o.size)} stride={list(o.stride)} "
+                                    f"offset={o.storage_offset}",
                     "constant": f"constant {o.constant!r}"}[o.kind]
             lines.append(f"  {j}: {what}{', requires_grad' if o.requires_grad else ''}")
         if self.fallback_reason:
@@ -114,7 +125,9 @@ def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list
             torch._sync(f)
             inputs.append(InputInfo(mutates_data=bool(torch._functionalize_has_data_mutation(f.elem)),
                                     mutates_metadata=bool(torch._functionalize_has_metadata_mutation(f.elem)),
-                                    requires_grad=bool(a.requires_grad), requires_grad_after=bool(f.requires_grad)))
+                                    requires_grad=bool(a.requires_grad), requires_grad_after=bool(f.requires_grad),
+                                    mutated_under_no_grad=bool(
+                                        torch._functionalize_are_all_mutations_under_no_grad_or_inference_mode(f.elem))))
         storages = [StorageWeakRef(f.untyped_storage()) if isinstance(f, torch.Tensor) else None for f in f_args]
         leaves, spec = pytree.tree_flatten(out)
         outputs, graph_leaves, graph_fakes, fallback = _describe_outputs(leaves, f_args, storages)
@@ -154,8 +167,24 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
             dup = len(graph_fakes)
             graph_fakes.append(leaf)
             graph_leaves.append(j)
+        owner = next((k for k, prev in enumerate(graph_fakes[:dup]) if _owns_storage(prev)
+                      and StorageWeakRef(prev.untyped_storage()) == ref and prev.dtype == leaf.dtype), None)
+        base_layout = (tuple(graph_fakes[owner].shape), tuple(graph_fakes[owner].stride())) if owner is not None else ()
+        if owner is not None:
+            # A view of another output (`return y, y.view(-1)`): rebuilt as a real view of
+            # that output, as eager returns it (the graph still computes it, as a fallback).
+            outputs.append(OutputInfo("output_alias", index=owner, size=tuple(leaf.shape),
+                                      stride=tuple(leaf.stride()), storage_offset=leaf.storage_offset(),
+                                      requires_grad=rg, fallback_index=dup, base_layout=base_layout))
+            continue
         outputs.append(OutputInfo("graph", index=dup, requires_grad=rg))
     return outputs, graph_leaves, graph_fakes, fallback
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """t is the whole of its storage (offset 0, dense): its views can be rebuilt from it."""
+    return (t.storage_offset() == 0 and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
 def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias) -> GraphMeta:
@@ -164,8 +193,8 @@ def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training
         fallback = fallback or "an input's size, stride or offset is mutated (x.t_(), x.resize_(), ...)"
     if mutated and inputs_alias:
         fallback = fallback or "inputs share storage and one of them is mutated"
-    if training and any(inputs[i].requires_grad for i in mutated):
-        fallback = fallback or "an input that requires grad is mutated in place"
+    if training and any(inputs[i].requires_grad and not inputs[i].mutated_under_no_grad for i in mutated):
+        fallback = fallback or "an input that requires grad is mutated in place outside no_grad"
     if not training and any(o.requires_grad for o in outputs):
         fallback = fallback or "an output requires grad although no input does"
     return GraphMeta(inputs=inputs, outputs=outputs, out_spec=spec, mutated_inputs=mutated,

@@ -16,7 +16,7 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     n = meta.num_mutations
     for k, i in enumerate(meta.mutated_inputs):
         target, new = flat[i], outs[k]
-        if meta.inputs[i].requires_grad_after and torch.is_grad_enabled():
+        if meta.inputs[i].differentiable_mutation and torch.is_grad_enabled():
             target.copy_(new)          # eager's in-place op would be recorded by autograd too
         else:
             with torch.no_grad():
@@ -30,8 +30,19 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
         elif o.kind == "alias":
             # A real view of the real input, as eager returns; autograd sees it as one
             # (detached first where eager's output does not require grad: x.detach()).
-            base = flat[o.index] if o.requires_grad else flat[o.index].detach()
+            base = flat[o.index]
+            if base.requires_grad and not o.requires_grad:
+                base = base.detach()
             leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
+        elif o.kind == "output_alias":
+            base = outs[n + o.index]
+            # Rebuilt only from a base laid out as traced (a compiler may pick other strides).
+            if (tuple(base.shape), base.stride()) == o.base_layout and base.storage_offset() == 0:
+                if base.requires_grad and not o.requires_grad:
+                    base = base.detach()
+                leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
+            else:   # a compiler gave this output its own buffer: the computed value is right
+                leaves.append(outs[n + o.fallback_index])
         else:
             leaves.append(o.constant)
     return pytree.tree_unflatten(leaves, meta.out_spec)

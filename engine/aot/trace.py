@@ -18,7 +18,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .errors import AOTAutogradError
+from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams
 from .interpret import run_captured_graph
 from .metadata import GraphMeta
@@ -102,8 +102,8 @@ class _Tracer:
                     except AOTAutogradError:
                         raise
                     except Exception as exc:
-                        raise AOTAutogradError("tracing the backward (torch.autograd.grad over the forward)",
-                                               None, exc) from exc
+                        raise BackwardTraceError("tracing the backward (torch.autograd.grad over the forward)",
+                                                 None, exc) from exc
             present[:] = [i for i, g in zip(grad_inputs, grads) if g is not None]
             return [from_fun(o) for o in outs] + [from_fun(g) for g in grads if g is not None]
 

@@ -10,9 +10,16 @@ from .registry import register_backend
 
 
 @register_backend("inductor")
-def inductor(gm: torch.fx.GraphModule, example_inputs: list):
+def inductor(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=None):
+    # mode/options (torch.compile's keywords): "max-autotune" autotunes Triton launch configs
+    from engine import config
     from engine.aot import aot_compile
     from engine.codegen import compile_fx_graph, decomposition_table
+
+    if mode == "max-autotune" or (options or {}).get("max_autotune"):
+        def compile_fx_graph(g, inputs, _compile=compile_fx_graph):   # noqa: F811  (bw graphs compile later)
+            with config.patch(max_autotune=True):
+                return _compile(g, inputs)
 
     return aot_compile(gm, example_inputs, fw_compiler=compile_fx_graph, bw_compiler=compile_fx_graph,
                        inference_compiler=compile_fx_graph, partitioner="min_cut",

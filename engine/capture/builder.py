@@ -19,6 +19,9 @@ CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellips
                   torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, enum.Enum)
 
 
+_SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def is_constant_value(v: Any) -> bool:
     if isinstance(v, CONSTANT_TYPES):
         return True
@@ -31,7 +34,7 @@ def wrap_constant(value: Any) -> VariableTracker:
     """A value computed at trace time (no source, no guard)."""
     if isinstance(value, VariableTracker):
         return value
-    if isinstance(value, CONSTANT_TYPES):
+    if isinstance(value, CONSTANT_TYPES) or isinstance(value, _SYM_TYPES):  # symbolic sizes: engine/shapes
         return ConstantVariable(value)
     if type(value) is list:
         return ListVariable([wrap_constant(v) for v in value])

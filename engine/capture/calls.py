@@ -208,7 +208,7 @@ def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closu
     child._cells_ready = True
     result = child.run()
     if child.generator_values is not None:
-        return IteratorVariable(child.generator_values)
+        return IteratorVariable(child.generator_values, types.GeneratorType)
     return result
 
 
@@ -505,7 +505,7 @@ def bi_range(tx, args, kwargs):
 def bi_enumerate(tx, args, kwargs):
     items = tx.unpack(args[0])
     start = tx.as_python(args[1]) if len(args) > 1 else tx.as_python(kwargs.get("start", ConstantVariable(0)))
-    return IteratorVariable([TupleVariable([ConstantVariable(i + start), x]) for i, x in enumerate(items)])
+    return IteratorVariable([TupleVariable([ConstantVariable(i + start), x]) for i, x in enumerate(items)], enumerate)
 
 
 def bi_zip(tx, args, kwargs):
@@ -514,28 +514,28 @@ def bi_zip(tx, args, kwargs):
         if len({len(s) for s in seqs}) > 1:
             raise tx.exception(ValueError, "zip() arguments have different lengths")
     seqs = [tx.unpack(a) for a in args]
-    return IteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)])
+    return IteratorVariable([TupleVariable(list(t)) for t in zip(*seqs)], zip)
 
 
 def bi_map(tx, args, kwargs):
     fn = args[0]
     seqs = [tx.unpack(a) for a in args[1:]]
-    return IteratorVariable([tx.call(fn, list(t), {}) for t in zip(*seqs)])
+    return IteratorVariable([tx.call(fn, list(t), {}) for t in zip(*seqs)], map)
 
 
 def bi_filter(tx, args, kwargs):
     fn, seq = args
     items = tx.unpack(seq)
     if isinstance(fn, ConstantVariable) and fn.value is None:
-        return IteratorVariable([x for x in items if tx.truth(x)])
-    return IteratorVariable([x for x in items if tx.truth(tx.call(fn, [x], {}))])
+        return IteratorVariable([x for x in items if tx.truth(x)], filter)
+    return IteratorVariable([x for x in items if tx.truth(tx.call(fn, [x], {}))], filter)
 
 
 def bi_reversed(tx, args, kwargs):
     v = args[0]
     if isinstance(v, DictVariable) or isinstance(v, SetVariable):
         raise GraphBreak("GB0011", "reversed() of a dict")
-    return IteratorVariable(list(reversed(tx.unpack(v))))
+    return IteratorVariable(list(reversed(tx.unpack(v))), type(reversed([])))
 
 
 def bi_iter(tx, args, kwargs):
@@ -843,8 +843,13 @@ BUILTIN_CLASSES = {
     float: _scalar_conv(float), bool: _scalar_conv(bool), complex: _scalar_conv(complex), str: bi_str,
     type: bi_type, slice: lambda tx, a, k: ConstantVariable(slice(*[tx.as_python(x) for x in a])),
     object: lambda tx, a, k: ObjectVariable(None, cls=object, is_new=True),
-    collections.OrderedDict: bi_dict,
+    collections.OrderedDict: lambda tx, a, k: _with_cls(bi_dict(tx, a, k), collections.OrderedDict),
 }
+
+def _with_cls(d, cls):
+    d.cls = cls
+    return d
+
 
 TORCH_CONSTANT_FOLD = {
     torch.is_grad_enabled: torch_is_grad_enabled,

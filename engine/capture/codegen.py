@@ -17,7 +17,9 @@ from typing import Any, Optional
 import torch
 
 from .graph_breaks import GraphBreak
-from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, ExceptionVariable,
+from ..shapes.symbolic import has_symbolic, python_expr
+from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
+                        ExceptionVariable,
                         FunctionVariable, IteratorVariable, ListVariable, NestedFunctionVariable, NullVariable,
                         ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker)
 
@@ -49,6 +51,7 @@ class CodeGen:
         self.lines: dict[str, list[str]] = {"call_graph": [], "store_outputs": [], "side_effects": [],
                                             "graph_break": [], "resume_call": []}
         self.memo: dict[int, str] = {}
+        self.loop_iterators: set = set()  # ids of iterators on the value stack at a break
         self._n = 0
         self._consts: dict[int, str] = {}
 
@@ -57,6 +60,8 @@ class CodeGen:
         return f"__t{self._n}"
 
     def const(self, value: Any, hint: str = "const") -> str:
+        if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return self.constant(value)  # never embed a symbol: recompute it from the inputs
         key = id(value)
         name = self._consts.get(key)
         if name is None:
@@ -99,6 +104,8 @@ class CodeGen:
             if node not in self.output_index:
                 raise GraphBreak("GB0018", "a tensor that is not a graph output")
             return f"__o[{self.output_index[node]}]"
+        if isinstance(vt, DictViewVariable):
+            return f"{self.expr(vt.dict_vt)}.{vt.kind}()"
         if isinstance(vt, ListVariable):
             return "[" + ", ".join(self.expr(x) for x in vt.items) + "]"
         if isinstance(vt, TupleVariable):
@@ -116,6 +123,9 @@ class CodeGen:
         if isinstance(vt, SetVariable):
             return f"{vt.cls.__name__}([{', '.join(self.constant(x) for x in vt.items)}])"
         if isinstance(vt, IteratorVariable):
+            if vt.pytype is not type(iter([])) and id(vt) not in self.loop_iterators:
+                # only a loop's own iterator may change type (nobody can observe it)
+                raise GraphBreak("GB0018", f"a live {vt.pytype.__name__} object")
             return "iter([" + ", ".join(self.expr(x) for x in vt.items[vt.index:]) + "])"
         if isinstance(vt, FunctionVariable):
             return self.const(vt.fn, "fn")
@@ -153,6 +163,12 @@ class CodeGen:
         raise GraphBreak("GB0018", f"{type(vt).__name__}")
 
     def constant(self, value) -> str:
+        if has_symbolic(value):  # a size computed from symbols: recomputed from the inputs (engine/shapes)
+            self.ns["___torch_Size"] = torch.Size
+            text = python_expr(value)
+            if text is None:
+                raise GraphBreak("GB0018", f"a symbolic size inside a {type(value).__name__}")
+            return text
         if isinstance(value, _LITERAL_TYPES) and (not isinstance(value, int) or abs(value) < 2 ** 62):
             return repr(value)
         if isinstance(value, float) and math.isfinite(value):

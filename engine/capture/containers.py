@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .builder import wrap_constant
 from .graph_breaks import GraphBreak
-from .variables import (ConstantVariable, DictVariable, IteratorVariable, ListVariable, ObjectVariable, SetVariable,
+from .variables import (ConstantVariable, DictVariable, DictViewVariable, IteratorVariable, ListVariable, ObjectVariable, SetVariable,
                         TupleVariable)
 
 
@@ -50,6 +50,8 @@ def _index(tx, obj, args):
 
 def list_method(tx, lst: ListVariable, name, args, kwargs):
     out = tx.out
+    if isinstance(lst, DictViewVariable) and name not in ("__len__", "__contains__", "__iter__", "isdisjoint"):
+        raise GraphBreak("GB0011", f"dict view method {name}")
     if name == "append":
         lst.items.append(args[0])
     elif name == "extend":
@@ -98,9 +100,9 @@ def dict_method(tx, d: DictVariable, name, args, kwargs):
     if name == "keys":
         return _KeysView(tx, d)
     if name == "values":
-        return ListVariable(list(d.items.values()))
+        return DictViewVariable(list(d.items.values()), d, "values")
     if name == "items":
-        return ListVariable([TupleVariable([tx.key_to_vt(k), v]) for k, v in d.items.items()])
+        return DictViewVariable([TupleVariable([tx.key_to_vt(k), v]) for k, v in d.items.items()], d, "items")
     if name == "get":
         k = tx.dict_key(args[0])
         if k in d.items:
@@ -159,7 +161,7 @@ def dict_method(tx, d: DictVariable, name, args, kwargs):
 
 def _KeysView(tx, d):
     # keys() is iterated or tested with `in`: a list of the keys is enough for both
-    return ListVariable([tx.key_to_vt(k) for k in d.items])
+    return DictViewVariable([tx.key_to_vt(k) for k in d.items], d, "keys")
 
 
 def set_method(tx, s: SetVariable, name, args, kwargs):

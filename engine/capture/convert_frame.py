@@ -19,6 +19,7 @@ import observe
 
 from .. import config
 from ..guards import compile_guards, render_guards
+from .. import shapes
 from . import bytecode as bc
 from . import resume as resume_mod
 from .codegen import CodeGen
@@ -88,10 +89,18 @@ def emit_graph_break(gb: GraphBreak, code) -> None:
         })
 
 
-def report_cache_limit(code, entries, L, G) -> None:
-    reasons = entries[-1].guards.failures(L, G) if entries else []
-    msg = (f"engine: {code.co_name} ({code.co_filename}:{code.co_firstlineno}) hit config.cache_size_limit "
-           f"({config.cache_size_limit}); it now runs eagerly. Last reason: {reasons[0] if reasons else '?'}")
+def report_cache_limit(code, entries, L, G, limit_name: str = "cache_size_limit") -> None:
+    """The frame hit a recompile limit: say so once (function, file, line, last reason);
+    from now on its cache misses run eagerly."""
+    limit = getattr(config, limit_name)
+    last = entries[-1] if entries else None
+    reasons = last.guards.failures(L, G) if last is not None else []
+    reason = f"{last.compile_id}: {reasons[0]}" if reasons else "?"
+    msg = (f"engine hit config.{limit_name} ({limit})\n"
+           f"   function: '{code.co_name}' ({code.co_filename}:{code.co_firstlineno})\n"
+           f"   last reason: {reason}\n"
+           'To log all recompilation reasons, use TORCH_LOGS="recompiles".\n'
+           "To diagnose recompilation issues, see docs/guards.md.")
     observe.log("recompiles", logging.WARNING, "%s", msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -109,6 +118,17 @@ def _emit_recompile_reasons(code, previous, L, G) -> None:
         return "\n".join(lines)
 
     observe.emit("artifact", {"name": "recompile_reasons", "encoding": "string"}, payload, log="recompiles")
+    if observe.enabled("artifact", "recompiles_verbose"):
+        def verbose():  # every failing guard of every cache entry, newest entry first
+            lines = [f"Recompiling function {code.co_name} in {code.co_filename}:{code.co_firstlineno}",
+                     "    triggered by the following guard failure(s):"]
+            for i, e in enumerate(reversed(previous)):
+                lines.append(f"    guard {i} failures:")
+                lines.extend(f"    - {e.compile_id}: {f}" for f in e.guards.failures(L, G))
+            return "\n".join(lines)
+
+        observe.emit("artifact", {"name": "recompile_reasons_verbose", "encoding": "string"}, verbose,
+                     log="recompiles_verbose")
 
 
 # ---------------------------------------------------------------------- the entry point
@@ -120,6 +140,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
     compile_index = cache.compiles
     cache.compiles += 1
     _emit_recompile_reasons(code, previous, L, G)
+    shapes.set_frame_options(code, options.dynamic)
     start = time.time()
     metrics = {
         "compile_id": f"{frame_id}/{compile_index}", "frame_key": str(frame_id + 1), "co_name": code.co_name,
@@ -382,17 +403,19 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     cg.ns["___trampoline"] = trampoline
     cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options)
     if plan[0] == "return":
-        rv = cg.expr(plan[1][0]) if plan[1] else "None"
+        rv = cg.expr(plan[1])
         cg.side_effects()
         cg.emit("resume_call", f"return {rv}")
     else:
         _codegen_break(cg, plan, frame, fn, code)
-    fname = f"__transformed_{code.co_name}_{cid.frame_id}_{cid.frame_compile_id}"
+    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in code.co_name)
+    fname = f"__transformed_{safe}_{cid.frame_id}_{cid.frame_compile_id}"
     src = cg.source(fname)
     cg.ns["sys"] = __import__("sys")
     exec(compile(src, f"<engine transformed {code.co_name}>", "exec"), cg.ns)
     transformed = cg.ns[fname]
-    guards = out.guard_list()
+    guards = shapes.finalize_guards(out)  # tensor matches relaxed at symbolic dims, plus the shape guards
+    metrics["shape_env_guard_count"] = sum(1 for g in guards if g.kind == "SHAPE_ENV")
     compiled_guards = compile_guards(guards)
     metrics["guard_count"] = len(guards)
     if observe.enabled("artifact", "bytecode"):
@@ -551,6 +574,8 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     _, _needed, detail, below, live, cells, resume_offsets, inst = plan
     kind = detail[0]
     # values first (store_outputs), then side effects, then the break itself
+    from .variables import IteratorVariable
+    cg.loop_iterators = {id(v) for v in below if isinstance(v, IteratorVariable)}
     below_exprs = [None if isinstance(v, NullVariable) else cg.expr(v) for v in below]
     live_exprs = {name: cg.expr(v) for name, v in live.items()}
     cell_exprs = []

@@ -1,16 +1,21 @@
 """FakeTensor creation for captured inputs: the one place that decides how a real tensor
-becomes a FakeTensor (static shapes for now; the shapes work extends this)."""
+becomes a FakeTensor. Symbolic sizes (dynamic shapes) are decided in engine/shapes."""
 
 from __future__ import annotations
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..shapes import env as _shapes_env
 
-def new_fake_mode() -> FakeTensorMode:
-    return FakeTensorMode(allow_non_fake_inputs=True)
+
+def new_fake_mode(owner=None) -> FakeTensorMode:
+    """The fake mode of one capture; `owner` (the OutputGraph) gives its shape environment
+    the user line being traced and the graph that symbols become inputs of."""
+    return _shapes_env.new_fake_mode(owner)
 
 
 def make_fake(mode: FakeTensorMode, tensor: torch.Tensor, source=None) -> torch.Tensor:
-    """A FakeTensor with the same metadata (sizes, strides, dtype, device, requires_grad)."""
-    return mode.from_tensor(tensor, static_shapes=True)
+    """A FakeTensor with the same metadata (dtype, device, requires_grad, sizes and strides,
+    symbolic where engine.shapes' policy makes a dimension dynamic)."""
+    return _shapes_env.make_fake(mode, tensor, source)

@@ -145,3 +145,39 @@ def render_markdown() -> str:
     for k in KINDS:
         lines.append(f"| {k.id} | {k.reason} | {k.explanation} | {k.hint} |")
     return "\n".join(lines) + "\n"
+
+
+DOC_HEADER = """# Graph breaks
+
+A graph break is where the capture engine stops one graph, runs the code it cannot put in
+a graph eagerly (with the real values), and continues in a new graph through a generated
+resume function. Every kind of break has a stable id; `TORCH_LOGS=graph_breaks`,
+`engine.explain(fn)(...)` and `fullgraph=True` errors name it with a hint.
+
+```python
+import torch, engine
+
+def fn(x):
+    y = torch.sin(x)
+    print("debug", y.shape)      # GB0001
+    if y.sum() > 0:              # GB0003
+        return y + 1
+    return y - 1
+
+out = engine.explain(fn)(torch.ones(3))              # prints: debug torch.Size([3])
+print(out.graph_count, out.graph_break_count)        # 3 2
+for r in out.break_reasons:
+    print(r.graph_break_id, r.reason, r.user_stack[-1][1])
+# GB0001 Call to a builtin that cannot be traced: builtin `print` with argument types ['str', 'Size'] 5
+# GB0003 Data-dependent control flow on a tensor value: if/while on a tensor value 6
+```
+
+This table is generated from `engine/capture/graph_breaks.py`
+(`python -m engine.capture.graph_breaks > docs/graph_breaks.md`); a test checks that
+they agree.
+
+"""
+
+
+if __name__ == "__main__":
+    print(DOC_HEADER + render_markdown(), end="")

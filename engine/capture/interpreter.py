@@ -32,7 +32,8 @@ from .source import AttrSource, GetItemSource, GlobalSource, LocalSource, Module
 from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS, PURE_MODULES, TENSOR_CONSTANT_ATTRS,
                          TENSOR_GRAPH_ATTRS, TENSOR_METADATA_METHODS, TENSOR_METHOD_BREAKS, convertible, has_tensor,
                          is_torch_op)
-from .variables import (NULL, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, ExceptionVariable,
+from .variables import (NULL, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
+                        ExceptionVariable,
                         FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
                         NullVariable, ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable,
                         VariableTracker, WithExitVariable)
@@ -166,8 +167,7 @@ class Frame:
             if self.steps > MAX_STEPS:
                 raise GraphBreak("GB0011", "trace too long (an unbounded loop?)")
             out = self.out
-            out.user_frame = self.user_frame(inst)
-            out.user_stack = None
+            out.current_frame = self
             if self.log_source and inst.lineno != self.last_line and inst.lineno is not None:
                 self.last_line = inst.lineno
                 observe.log("trace_source", logging.DEBUG, "TRACE starts_line %s:%s in %s (inline depth: %s)\n    %s",
@@ -182,12 +182,12 @@ class Frame:
                 bp = self.breakpoint
                 if bp is not None and bp.offset == inst.offset and bp.arrival == n:
                     raise StopAtBreak(self, inst)
-            out.user_stack = self.user_stack()
             handler = getattr(self, inst.opname, None)
             try:
                 if handler is None:
                     raise GraphBreak("GB0011", f"bytecode {inst.opname} is not supported")
                 handler(inst)
+                out.current_frame = self
             except _Return:
                 return self.return_value
             except TracedException as exc:
@@ -196,14 +196,27 @@ class Frame:
                         raise TopLevelBreak(GraphBreak("GB0015", f"{exc.exc.cls.__name__} raised in traced code"),
                                             inst, self.arrivals[inst.offset], self) from None
                     raise
-            except GraphBreak as gb:
-                if self.parent is None:
-                    if not gb.user_stack:
-                        gb.user_stack = out.user_stack or self.user_stack()
-                    raise TopLevelBreak(gb, inst, self.arrivals[inst.offset], self) from None
-                if not gb.user_stack:
-                    gb.user_stack = self.user_stack()
+            except (StopAtBreak, TopLevelBreak):
                 raise
+            except GraphBreak as gb:
+                self._on_break(gb, inst)
+            except Exception as exc:
+                if not config.capture_errors_as_graph_breaks:
+                    raise
+                import traceback
+                observe.log("dynamo", logging.DEBUG, "internal error while tracing %s, treated as a graph break:\n%s",
+                            inst.opname, traceback.format_exc())
+                self._on_break(GraphBreak("GB0011", f"internal error while tracing {inst.opname}: "
+                                                    f"{type(exc).__name__}: {exc}"), inst)
+
+    def _on_break(self, gb: GraphBreak, inst):
+        if self.parent is None:
+            if not gb.user_stack:
+                gb.user_stack = self.user_stack()
+            raise TopLevelBreak(gb, inst, self.arrivals[inst.offset], self) from None
+        if not gb.user_stack:
+            gb.user_stack = self.user_stack()
+        raise gb
 
     def handle_exception(self, inst, exc: TracedException) -> bool:
         entry = inst.exn_tab_entry
@@ -531,6 +544,16 @@ class Frame:
         self.push(NULL)
         self.push(self.getattr(obj, inst.argval))
 
+    def LOAD_SUPER_ATTR(self, inst):
+        self_vt = self.pop()
+        cls = self.pop()
+        self.pop()  # the global `super`
+        sup = SuperVariable(self.as_python(cls), self_vt)
+        attr = self.getattr(sup, inst.argval)
+        if inst.flags & 1:
+            self.push(NULL)
+        self.push(attr)
+
     def STORE_ATTR(self, inst):
         obj = self.pop()
         value = self.pop()
@@ -736,7 +759,7 @@ class Frame:
             code = self.pop()
         else:
             qualname = None
-        code = code.value if isinstance(code, ConstantVariable) else code
+        code = code.value if isinstance(code, (ConstantVariable, ObjectVariable)) else code
         closure = self.pop().items if flags & 0x08 else None
         if flags & 0x04:
             self.pop()
@@ -876,7 +899,13 @@ class Frame:
     def get_iter(self, v):
         if isinstance(v, IteratorVariable):
             return v
-        return IteratorVariable(self.unpack(v))
+        try:
+            pytype = type(iter(v.python_type()()))
+        except Exception:
+            pytype = object
+        if isinstance(v, ListVariable) and not isinstance(v, DictViewVariable):
+            pytype = type(iter([]))
+        return IteratorVariable(self.unpack(v), pytype)
 
     def truth(self, v) -> bool:
         if isinstance(v, ConstantVariable):
@@ -1238,6 +1267,14 @@ class Frame:
         raise GraphBreak("GB0011", f"super().{name}")
 
     def object_getattr(self, obj: ObjectVariable, name: str):
+        try:
+            return self._object_getattr(obj, name)
+        except TracedException as exc:
+            if obj.source is not None and issubclass(exc.exc.cls, AttributeError) and name not in obj.deleted:
+                self.out.add_guard("HASATTR", obj.source, (name, False))
+            raise
+
+    def _object_getattr(self, obj: ObjectVariable, name: str):
         if name in obj.attrs:
             return obj.attrs[name]
         if name in obj.deleted:
@@ -1399,8 +1436,9 @@ class Frame:
         raise GraphBreak("GB0011", f"torch op returned {type(result).__name__}")
 
     def _drop_node(self, proxy):
+        from .output_graph import _is_mutating
         node = proxy.node
-        if not node.users:
+        if not node.users and not _is_mutating(node):
             try:
                 self.out.graph.erase_node(node)
             except Exception:
@@ -1460,6 +1498,9 @@ class Frame:
 
     def call_method(self, m: BoundMethodVariable, args, kwargs):
         obj = m.obj
+        if isinstance(obj, TupleVariable) and obj.is_namedtuple() and m.name in ("_replace", "_asdict"):
+            from .containers import container_method
+            return container_method(self, obj, m.name, args, kwargs)
         if m.fn is not None:
             return self.call_python_function(m.fn, [obj] + list(args), kwargs, None, bound_self=obj)
         if isinstance(obj, TensorVariable):

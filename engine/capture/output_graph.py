@@ -49,7 +49,7 @@ class OutputGraph:
     def __init__(self, f_code, user_globals: dict):
         self.graph = torch.fx.Graph()
         self.tracer = torch.fx.proxy.GraphAppendingTracer(self.graph)
-        self.fake_mode = fakemod.new_fake_mode()
+        self.fake_mode = fakemod.new_fake_mode(self)
         self.builder = Builder(self)
         self.guards: dict[Any, Guard] = {}
         self.memo: dict[int, VariableTracker] = {}
@@ -59,15 +59,27 @@ class OutputGraph:
         self.tensor_sources: dict[int, Source] = {}
         self.module_sources: dict[int, Source] = {}
         self.mutated: list[VariableTracker] = []        # existing lists/dicts/objects mutated, in order
-        self.global_stores: dict[str, VariableTracker] = {}
+        self.global_stores: dict = {}             # (id(globals), name) -> (source, value)
+        self.deferred_calls: list = []           # reorderable logging calls, replayed after the graph
+        self.output_index: dict = {}
         self.grad_enabled = torch.is_grad_enabled()
         self.initial_state = global_state()
-        self.user_frame: Optional[tuple] = None  # (filename, lineno, name, line) of the instruction traced now
-        self.user_stack: list = []
+        self.current_frame = None  # the interpreter Frame whose instruction is traced now
         self._last_placeholder: Optional[torch.fx.Node] = None
         self.f_code = f_code
         self.user_globals = user_globals
         self.add_guard("GLOBAL_STATE", None, self.initial_state)
+
+    @property
+    def user_frame(self) -> Optional[tuple]:
+        """(filename, lineno, name, line) of the instruction traced now."""
+        f = self.current_frame
+        return f.user_frame() if f is not None else None
+
+    @property
+    def user_stack(self) -> list:
+        f = self.current_frame
+        return f.user_stack() if f is not None else []
 
     # ------------------------------------------------------------------ guards & identity
 
@@ -145,7 +157,7 @@ class OutputGraph:
 
     def _stack_trace(self) -> str:
         lines = []
-        for filename, lineno, name, line in self.user_stack or ([self.user_frame] if self.user_frame else []):
+        for filename, lineno, name, line in self.user_stack:
             lines.append(f'  File "{filename}", line {lineno}, in {name}\n    {line.strip() if line else ""}\n')
         return "".join(lines)
 

@@ -130,6 +130,7 @@ def bind_frame(cache: FrameCache, fn, args, kwargs) -> dict:
 # ---------------------------------------------------------------------- which frames compile
 
 _SKIP_DIRS: Optional[tuple] = None
+_TORCH_NN_MODULES = os.path.join(os.path.dirname(torch.__file__), "nn", "modules") + os.sep
 
 
 def _skip_dirs() -> tuple:
@@ -158,8 +159,10 @@ def should_compile(fn) -> bool:
                         inspect.CO_ITERABLE_COROUTINE):
         return False
     filename = code.co_filename
-    if filename.startswith("<") and not code.co_name.startswith("engine_resume"):
+    if filename.startswith("<"):
         return not filename.startswith("<engine")
+    if filename.startswith(_TORCH_NN_MODULES):
+        return True  # module forwards compile (as PEP 523 would see them), the rest of torch does not
     return not filename.startswith(_skip_dirs())
 
 
@@ -195,11 +198,13 @@ def run_function(fn, args, kwargs, options: CompileOptions):
             return entry.fn(L, G, fn)
     # miss: compile with the real values
     mine = [e for e in cache.entries if e.options_key == key]
-    if len(mine) >= config.cache_size_limit:
+    if len(mine) >= config.cache_size_limit or len(cache.entries) >= config.accumulated_cache_size_limit:
         if not cache.limit_warned:
             cache.limit_warned = True
             from .convert_frame import report_cache_limit
-            report_cache_limit(code, mine, L, G)
+            report_cache_limit(code, mine or cache.entries, L, G,
+                               "cache_size_limit" if len(mine) >= config.cache_size_limit
+                               else "accumulated_cache_size_limit")
         return fn(*args, **kwargs)
     from .convert_frame import convert_frame
     entry = convert_frame(fn, L, G, options, cache, mine)

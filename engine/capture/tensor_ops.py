@@ -11,6 +11,7 @@ import types
 import torch
 
 from .graph_breaks import GraphBreak
+from ..shapes.symbolic import has_symbolic, to_proxy as symbolic_to_proxy
 from .variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, TensorVariable, TupleVariable,
                         VariableTracker)
 
@@ -23,6 +24,8 @@ def _convert(v, which: str):
     if isinstance(v, TensorVariable):
         return v.fake if which == "fake" else v.proxy
     if isinstance(v, ConstantVariable):
+        if which == "proxy" and has_symbolic(v.value):  # a symbolic size: a graph value (engine/shapes)
+            return symbolic_to_proxy(v.value)
         return v.value
     if isinstance(v, ListVariable):
         return [_convert(x, which) for x in v.items]

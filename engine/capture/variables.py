@@ -92,6 +92,18 @@ class TupleVariable(VariableTracker):
         return f"TupleVariable({self.items!r})"
 
 
+class DictViewVariable(ListVariable):
+    """d.keys() / d.values() / d.items(): iterable like a list, rebuilt as the real view."""
+
+    def __init__(self, items: list, dict_vt, kind: str):
+        super().__init__(items)
+        self.dict_vt = dict_vt
+        self.kind = kind
+
+    def python_type(self):
+        return type(getattr({}, self.kind)())
+
+
 class DictVariable(VariableTracker):
     """Keys are Python constants (hashable values); values are variables."""
 
@@ -119,12 +131,13 @@ class SetVariable(VariableTracker):
 class IteratorVariable(VariableTracker):
     """An iterator over a known, finite sequence of variables."""
 
-    def __init__(self, items: list):
+    def __init__(self, items: list, pytype: type = type(iter([]))):
         self.items = list(items)
         self.index = 0
+        self.pytype = pytype  # what the real iterator would be (generator, zip, map, ...)
 
     def python_type(self):
-        return type(iter([]))
+        return self.pytype
 
     def next(self):
         if self.index >= len(self.items):

@@ -29,6 +29,13 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "
          "-fno-trapping-math", "-w"]
 
 _loaded: dict[str, ctypes.CDLL] = {}
+
+
+@functools.lru_cache(None)
+def has_vector_math() -> bool:
+    """glibc's libmvec (vectorized exp/log/tanh/erf/...) is there to link against."""
+    import ctypes.util
+    return ctypes.util.find_library("mvec") is not None
 _process_dir: str | None = None
 
 
@@ -132,7 +139,8 @@ def _compile(source: str, so_path: str) -> None:
         with open(cpp, "w") as f:
             f.write(source)
         out = os.path.join(workdir, "kernels.so")
-        proc = subprocess.run([CXX, *FLAGS, cpp, "-o", out], capture_output=True, text=True)
+        libs = ["-lmvec"] if "__attribute__((simd" in source else []
+        proc = subprocess.run([CXX, *FLAGS, cpp, "-o", out, *libs], capture_output=True, text=True)
         if proc.returncode != 0:
             raise CompileError(f"{CXX} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         os.replace(out, so_path)   # atomic: concurrent processes see a whole library or none

@@ -18,7 +18,8 @@ from torch.utils import _pytree as pytree
 import observe
 
 from . import values as V
-from .cpp import PRELUDE, render_kernel
+from .cache import has_vector_math
+from .cpp import prelude, render_kernel
 from .graph import GraphLowering, Unsupported
 from .ir import ExternKernel, format_node
 from .runtime import LayoutMismatch
@@ -103,6 +104,9 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
     sched = schedule(g.nodes, output_buffers, graph_inputs)
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")
+    from . import triton as triton_codegen
+    if triton_codegen.wanted(g):     # CUDA tensors (or config.triton_interpret): the Triton emitter
+        return triton_codegen.compile_triton(gm, g, sched, out_spec, key, ir_pre)
 
     with observe.stage("codegen"):
         kernel_sigs, kernel_srcs = {}, []
@@ -114,7 +118,7 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
                 observe.emit("artifact", {"name": "kernel_code", "kernel": step.name, "encoding": "string"},
                              (lambda s=src, n=step.name: f"# kernel {n}\n{s}"), log="kernel_code")
                 _kernel_hints(step, g)
-        cpp_source = PRELUDE + "\n" + "\n".join(kernel_srcs)
+        cpp_source = prelude(has_vector_math()) + "\n" + "\n".join(kernel_srcs)
         wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key)
     observe.emit("inductor_output_code", {"filename": f"output_code_{key}.py"}, lambda: wrapper_src,
                  log="output_code")

@@ -57,6 +57,22 @@ template <typename T> static inline T ipow(T a, T b) { T r = 1; while (b > 0) { 
 template <typename T> static inline T sign_of(T a) { return T((T(0) < a) - (a < T(0))); }
 """
 
+# glibc's libmvec has vector versions of these; declaring them `simd` (what <math.h> does
+# under -ffast-math, which we do not use) lets `#pragma omp simd` loops call them.
+_MVEC_FUNCS = ["exp", "log", "sin", "cos", "tan", "tanh", "erf", "erfc", "log1p", "expm1", "log2", "log10",
+               "exp2", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh"]
+MVEC_DECLS = 'extern "C" {\n' + "".join(
+    f'__attribute__((simd("notinbranch"))) float {f}f(float);\n'
+    f'__attribute__((simd("notinbranch"))) double {f}(double);\n' for f in _MVEC_FUNCS) + (
+    '__attribute__((simd("notinbranch"))) float powf(float, float);\n'
+    '__attribute__((simd("notinbranch"))) double pow(double, double);\n'
+    '__attribute__((simd("notinbranch"))) float atan2f(float, float);\n'
+    '__attribute__((simd("notinbranch"))) double atan2(double, double);\n}\n')
+
+
+def prelude(vector_math: bool) -> str:
+    return PRELUDE + (MVEC_DECLS if vector_math else "")
+
 
 def cpp_index(e) -> str:
     """Print a sympy index expression as C++ (int64_t arithmetic)."""
@@ -174,7 +190,7 @@ class CppKernel:
 
     def index(self, e) -> str:
         e = sympy.sympify(e)
-        self.symbols |= {s for s in e.free_symbols if not str(s).startswith(("x", "r"))}
+        self.symbols |= {s for s in e.free_symbols if not str(s).startswith(("x", "r", "tmp"))}
         return cpp_index(e)
 
     def emit_value(self, v: V.Value, scope: Scope) -> str:
@@ -196,6 +212,14 @@ class CppKernel:
                 return local
             ptr = self.param(v.name)
             raw = f"{ptr}[{self.index(v.extra)}]"
+            dt = self.layouts[v.name].dtype
+            expr = f"bf16_to_float({raw})" if dt == torch.bfloat16 else (
+                f"static_cast<float>({raw})" if dt == torch.float16 else raw)
+        elif v.kind == "iload":
+            expr_index, syms = v.extra
+            names = [self._emit(a, scope) for a in v.args]
+            sub = expr_index.subs({s: sympy.Symbol(n, integer=True) for s, n in zip(syms, names)})
+            raw = f"{self.param(v.name)}[{self.index(sub)}]"
             dt = self.layouts[v.name].dtype
             expr = f"bf16_to_float({raw})" if dt == torch.bfloat16 else (
                 f"static_cast<float>({raw})" if dt == torch.float16 else raw)
@@ -331,10 +355,17 @@ class CppKernel:
                             init = f"std::numeric_limits<{T}>::{'lowest' if rt == 'max' else 'max'}()"
                     top.lines.append(f"{ind}{T} {acc} = {init};")
                 accs.append((m, rt, acc))
-        simd_ok = all(rt in ("sum", "prod", "any", "all") for _, rt, _ in accs)
-        red_clause = " ".join(
-            f"reduction({ {'sum': '+', 'prod': '*', 'any': '||', 'all': '&&'}[rt] }:{acc})" for _, rt, acc in accs
-        ) if simd_ok else ""
+        simd_ok = all(rt in ("sum", "prod", "any", "all", "max", "min") for _, rt, _ in accs)
+        clauses = []
+        for m, rt, acc in accs:
+            if rt in ("max", "min"):
+                clauses.append(f"reduction({rt}:{acc})")
+                if m.value.dtype.is_floating_point:
+                    top.lines.append(f"{ind}bool {acc}_nan = false;")
+                    clauses.append(f"reduction(||:{acc}_nan)")
+            elif rt in ("sum", "prod", "any", "all"):
+                clauses.append(f"reduction({ {'sum': '+', 'prod': '*', 'any': '||', 'all': '&&'}[rt] }:{acc})")
+        red_clause = " ".join(clauses) if simd_ok else ""
         n = len(ph.inner)
         for k, (var, size) in enumerate(zip(inner_vars, ph.inner)):
             pad = ind + "  " * k
@@ -357,8 +388,11 @@ class CppKernel:
                 elif rt == "all":
                     scope.lines.append(f"{scope.indent}{acc} = {acc} && {val};")
                 elif rt in ("max", "min"):
-                    fn = "max_prop" if rt == "max" else "min_prop"
-                    scope.lines.append(f"{scope.indent}{acc} = {fn}({acc}, {val});")
+                    cmp = ">" if rt == "max" else "<"
+                    scope.lines.append(f"{scope.indent}{acc} = ({val} {cmp} {acc}) ? {val} : {acc};")
+                    if m.value.dtype.is_floating_point:
+                        # NaN wins, as in eager; tracked apart so the loop still vectorizes
+                        scope.lines.append(f"{scope.indent}{acc}_nan = {acc}_nan || ({val} != {val});")
                 else:
                     cmp = ">" if rt == "argmax" else "<"
                     flat = self.index(sum((v * s for v, s in zip(inner_vars, _strides(ph.inner))), sympy.Integer(0)))
@@ -373,6 +407,8 @@ class CppKernel:
             top.lines.append(ind + "  " * k + "}")
         self.locals = saved
         for m, rt, acc in accs:
+            if rt in ("max", "min") and m.value.dtype.is_floating_point:
+                top.lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{CTYPES[m.value.dtype]}>::quiet_NaN();")
             result = f"{acc}_i" if rt in ("argmax", "argmin") else acc
             if m.name in self.fk.stored:
                 self.store(m, result, top)

@@ -154,9 +154,20 @@ class GraphLowering:
         result = lowering(self, *args, **kwargs)
         if result is NotImplemented:
             return self.extern(target, args, kwargs, fake, fallback=True)
-        if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1:
+        if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1 \
+                and not self._cheap_to_recompute(result):
             result = self.realize(result)
         return result
+
+    def _cheap_to_recompute(self, tv: TensorValue) -> bool:
+        """A small pointwise expression used several times is recomputed by each user (and
+        fused into each) instead of being written to memory and read back."""
+        if self.as_strided(tv) is not None:
+            return True
+        syms = [index_var(f"v{i}", s) for i, s in enumerate(tv.sizes)]
+        nodes = V.walk(tv.loader(syms))
+        ops = [n for n in nodes if n.kind in ("op", "masked", "iload")]
+        return len(ops) <= 12 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
 
     def _output(self, value, node):
         if isinstance(value, TensorValue):
@@ -284,12 +295,12 @@ class GraphLowering:
 
 
 def _lowerable(fake) -> bool:
-    """Codegen covers CPU tensors of these dtypes; anything else is an extern call."""
+    """Codegen covers CPU (C++) and CUDA (Triton) tensors of these dtypes; anything else is an extern call."""
     ok = (torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.bfloat16, torch.float16,
           torch.int8, torch.uint8, torch.int16)
     for leaf in pytree.tree_leaves(fake):
         if isinstance(leaf, torch.Tensor):
-            if leaf.dtype not in ok or leaf.device.type != "cpu" or leaf.is_sparse:
+            if leaf.dtype not in ok or leaf.device.type not in ("cpu", "cuda") or leaf.is_sparse:
                 return False
     return True
 

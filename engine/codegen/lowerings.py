@@ -11,7 +11,7 @@ import torch
 
 from . import values as V
 from .graph import GraphLowering, Unsupported, fake_of, to_sympy
-from .index import flatten, unflatten
+from .index import flatten, floordiv, mod, unflatten
 from .ir import ComputedBuffer, Reduction, TensorValue
 
 aten = torch.ops.aten
@@ -609,3 +609,200 @@ def any_(g, x, dim=None, keepdim=False):
 @register(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(g, x, dim=None, keepdim=False):
     return make_reduction(g, x, _dims(dim), keepdim, "all", acc_dtype=torch.bool)
+
+
+# -- more views and data movement --------------------------------------------------------
+@register(aten.split_with_sizes.default, aten.split.Tensor)
+def split(g, a, sizes_or_size, dim=0):
+    dim = dim % len(a.sizes)
+    n = a.sizes[dim]
+    if isinstance(sizes_or_size, int):
+        if not n.is_Integer:
+            return NotImplemented
+        step = sizes_or_size
+        parts = [min(step, int(n) - s) for s in range(0, int(n), step)] or [0]
+    else:
+        parts = list(sizes_or_size)
+    outs, start = [], 0
+    for size in parts:
+        def fn(idx, start=start):
+            idx = list(idx)
+            idx[dim] = idx[dim] + start
+            return idx
+        shape = list(a.sizes)
+        shape[dim] = sympy.sympify(size)
+        outs.append(view_of(g, a, shape, fn))
+        start += size
+    return outs
+
+
+@register(aten.unbind.int)
+def unbind(g, a, dim=0):
+    dim = dim % len(a.sizes)
+    if not a.sizes[dim].is_Integer:
+        return NotImplemented
+    shape = list(a.sizes[:dim]) + list(a.sizes[dim + 1:])
+    return [view_of(g, a, shape, lambda idx, k=k: idx[:dim] + [sympy.Integer(k)] + idx[dim:])
+            for k in range(int(a.sizes[dim]))]
+
+
+@register(aten.flip.default)
+def flip(g, a, dims):
+    nd = len(a.sizes)
+    dims = {d % nd for d in dims}
+
+    def fn(idx):
+        return [a.sizes[d] - 1 - idx[d] if d in dims else idx[d] for d in range(nd)]
+    return view_of(g, a, a.sizes, fn)
+
+
+@register(aten.repeat.default)
+def repeat(g, a, repeats):
+    sizes, _, _ = out_meta(g)
+    lead = len(sizes) - len(a.sizes)
+
+    def fn(idx):
+        return [mod(idx[lead + d], a.sizes[d]) if repeats[lead + d] != 1 else idx[lead + d]
+                for d in range(len(a.sizes))]
+    return view_of(g, a, sizes, fn)
+
+
+@register(aten.slice_scatter.default)
+def slice_scatter(g, base, src, dim=0, start=None, end=None, step=1):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    dim = dim % len(sizes)
+    n = sizes[dim]
+    start = 0 if start is None else start
+    end = n if end is None else end
+    if not (isinstance(start, int) and n.is_Integer):
+        return NotImplemented
+    if start < 0:
+        start += int(n)
+    end = min(int(end), int(n)) if not isinstance(end, sympy.Expr) or end.is_Integer else end
+    if isinstance(end, int) and end < 0:
+        end += int(n)
+
+    def fn(idx):
+        i = idx[dim]
+        rel = i - start
+        conds = [V.op("ge", V.index_value(i), V.index_value(sympy.Integer(start)), dtype=torch.bool),
+                 V.op("lt", V.index_value(i), V.index_value(sympy.sympify(end)), dtype=torch.bool)]
+        if step != 1:
+            conds.append(V.op("eq", V.index_value(IModp(rel, step)), V.index_value(sympy.Integer(0)), dtype=torch.bool))
+        mask = conds[0]
+        for c in conds[1:]:
+            mask = V.op("logical_and", mask, c, dtype=torch.bool)
+        sub = list(idx)
+        sub[dim] = FloorDivp(rel, step) if step != 1 else rel
+        body = V.cast(src.loader(sub), cdt)
+        return V.op("where", mask, V.masked(mask, body, 0), V.cast(base.loader(list(idx)), cdt), dtype=cdt)
+    if step != 1:
+        return NotImplemented
+    return pointwise(sizes, dtype, device, fn)
+
+
+def IModp(a, b):
+    return mod(a, b)
+
+
+def FloorDivp(a, b):
+    return floordiv(a, b)
+
+
+@register(aten.select_scatter.default)
+def select_scatter(g, base, src, dim, index):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    dim = dim % len(sizes)
+    if index < 0:
+        index = index + sizes[dim]
+
+    def fn(idx):
+        mask = V.op("eq", V.index_value(idx[dim]), V.index_value(sympy.sympify(index)), dtype=torch.bool)
+        body = V.cast(src.loader(idx[:dim] + idx[dim + 1:]), cdt)
+        return V.op("where", mask, body, V.cast(base.loader(list(idx)), cdt), dtype=cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+# -- indirect indexing -------------------------------------------------------------------
+def _indirect(g, x: TensorValue, positions: dict, idx, cdt):
+    """x read where dims in `positions` take data-dependent values (Value, wrapped for
+    negative indices); other dims from idx (a list over x's dims, None at indexed dims)."""
+    view = g.as_strided(x)
+    if view is None:
+        x = g.realize(x)
+        view = g.as_strided(x)
+    buf, layout = view
+    bindings, full = [], []
+    for d in range(len(x.sizes)):
+        if d in positions:
+            v = V.cast(positions[d], torch.int64)
+            size = V.index_value(x.sizes[d])
+            wrapped = V.op("where", V.op("lt", v, V.const(0, torch.int64), dtype=torch.bool),
+                           V.op("add", v, size, dtype=torch.int64), v, dtype=torch.int64)
+            s = sympy.Symbol(f"ind{len(bindings)}", integer=True)
+            bindings.append((s, wrapped))
+            full.append(s)
+        else:
+            full.append(idx[d])
+    return V.cast(V.iload(buf, layout.index(full), tuple(bindings), V.compute_dtype(x.dtype)), cdt)
+
+
+@register(aten.embedding.default)
+def embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    k = len(indices.sizes)
+
+    def fn(idx):
+        return _indirect(g, weight, {0: indices.loader(idx[:k])}, [None] + list(idx[k:]), cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.index_select.default)
+def index_select(g, x, dim, index):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    dim = dim % max(1, len(x.sizes))
+    if len(x.sizes) == 0:
+        return NotImplemented
+
+    def fn(idx):
+        pos = index.loader([idx[dim]] if len(index.sizes) == 1 else [])
+        return _indirect(g, x, {dim: pos}, list(idx[:dim]) + [None] + list(idx[dim + 1:]), cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.gather.default)
+def gather(g, x, dim, index, sparse_grad=False):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    if len(x.sizes) == 0:
+        return NotImplemented
+    dim = dim % len(x.sizes)
+
+    def fn(idx):
+        return _indirect(g, x, {dim: index.loader(list(idx))}, list(idx[:dim]) + [None] + list(idx[dim + 1:]), cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.index.Tensor)
+def index(g, x, indices):
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    present = [d for d, t in enumerate(indices) if t is not None]
+    if not present or present != list(range(present[0], present[-1] + 1)):
+        return NotImplemented
+    if any(t.dtype == torch.bool for t in indices if t is not None):
+        return NotImplemented    # boolean masks: data-dependent output shape
+    p = present[0]
+    bshape = list(sizes[p:len(sizes) - (len(x.sizes) - len(indices)) - (len(indices) - present[-1] - 1)])
+
+    def fn(idx):
+        bidx = idx[p:p + len(bshape)]
+        positions = {d: broadcast_loader(indices[d], bshape)(list(bidx)) for d in present}
+        rest = list(idx[p + len(bshape):])
+        full = list(idx[:p]) + [None] * len(present) + rest
+        return _indirect(g, x, positions, full, cdt)
+    return pointwise(sizes, dtype, device, fn)

@@ -13,6 +13,7 @@ and epilogues (per row or per element of the row) follow it in later phases."""
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from typing import Optional
 
 import sympy
@@ -93,7 +94,8 @@ class KernelBuilder:
 
     @staticmethod
     def inner_vars(inner: tuple) -> list:
-        sig = abs(hash(tuple(str(s) for s in inner))) % 997
+        # deterministic across processes: the kernel source is the cache key
+        sig = zlib.crc32(repr(tuple(str(s) for s in inner)).encode()) % 997
         return [index_var(f"r{i}_{sig}", s) for i, s in enumerate(inner)]
 
     def _full_index(self, sizes, inner: tuple, contiguous: bool):
@@ -160,6 +162,8 @@ class KernelBuilder:
                     continue
                 if producer.out_inner not in ((), m.inner):
                     return False, f"{m.name} reads {ld.name} across different inner loops"
+                if ld.kind == "iload":
+                    return False, f"{m.name} reads {ld.name} at a data-dependent index"
                 if sympy.expand(ld.extra - producer.store_index) != 0:
                     return False, (f"{m.name} reads {ld.name} at {ld.extra}, not at the element "
                                    f"being computed ({producer.store_index})")
@@ -324,19 +328,26 @@ def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
         final.append(fk)
 
     # lifetimes: allocate each stored buffer before its step, free after its last reader
+    last_use: dict = {}
+    for n, rs in readers.items():
+        last_use[n] = max(rs)
     produced_at: dict = {}
     for i, s in enumerate(final):
         for n in (s.stored if isinstance(s, FusedKernel) else ()):
             produced_at[n] = i
-    last_use: dict = {}
-    for n, rs in readers.items():
-        last_use[n] = max(rs)
     extern_read = set().union(*[s.reads() | s.mutates for s in final if isinstance(s, ExternKernel)]) if final else set()
     allocations: dict = {}
     frees: dict = {}
     reuse: dict = {}
     free_pool: list = []     # (buffer, layout key)
     layouts = {m.name: m.buf.layout for s in final if isinstance(s, FusedKernel) for m in s.members}
+    for i, s in enumerate(final):
+        # fresh results of extern kernels (mm, conv, ...) can be overwritten by their epilogue
+        if isinstance(s, ExternKernel) and not s.mutates and all(
+                r.alias_info is None for r in s.op._schema.returns):
+            for o in s.outputs:
+                layouts[o.name] = o.layout
+                produced_at[o.name] = i
 
     def key(layout):
         return (tuple(layout.sizes), tuple(layout.strides), layout.dtype)
@@ -380,7 +391,7 @@ def _inplace_candidate(fk: FusedKernel, name, readers, last_use, step, outputs, 
         a, b = layouts[cand], layouts[name]
         if (tuple(a.sizes), tuple(a.strides), a.dtype) != (tuple(b.sizes), tuple(b.strides), b.dtype):
             continue
-        if any(ld2.name == cand and (sympy.expand(ld2.extra - me.store_index) != 0 or order[m.name] > order[name]
+        if any(ld2.name == cand and (ld2.kind == "iload" or sympy.expand(ld2.extra - me.store_index) != 0 or order[m.name] > order[name]
                                      or m.inner != me.inner)
                for m in fk.members for ld2 in V.loads(m.value)):
             continue

@@ -48,6 +48,8 @@ class Value:
             return f"{self.extra!r}"
         if self.kind == "index":
             return f"index({self.extra})"
+        if self.kind == "iload":
+            return f"load({self.name}, {self.extra[0]}, where {dict(zip(self.extra[1], self.args))})"
         if self.kind == "masked":
             return f"masked({self.args[0]!r}, {self.args[1]!r}, {self.extra!r})"
         inner = ", ".join(repr(a) for a in self.args)
@@ -75,6 +77,13 @@ def _make(kind, name, args, dtype, extra) -> Value:
 
 def load(buf: str, index, dtype) -> Value:
     return _make("load", buf, (), dtype, index)
+
+
+def iload(buf: str, index, bindings: tuple, dtype) -> Value:
+    """An indirect load: `index` contains placeholder symbols (`bindings[k][0]`) whose
+    values are computed by `bindings[k][1]` (gather, embedding, index_select)."""
+    syms = tuple(s for s, _ in bindings)
+    return _make("iload", buf, tuple(v for _, v in bindings), dtype, (index, syms))
 
 
 def const(value, dtype) -> Value:
@@ -134,7 +143,8 @@ def walk(v: Value, seen=None):
 
 
 def loads(v: Value) -> list[Value]:
-    return [x for x in walk(v) if x.kind == "load"]
+    """Every memory read in v (direct and indirect)."""
+    return [x for x in walk(v) if x.kind in ("load", "iload")]
 
 
 def compute_dtype(dtype):

@@ -44,6 +44,7 @@ class CompileProfiler:
         self._frames: set[int] = set()       # frame ids whose graphs came to this backend
         self._functions: dict[int, str] = {}  # frame id -> "fn (file.py:4)"
         self._inside = 0
+        self._unattached: list[_Seen] = []    # recompile reasons emitted before their compile id
         self._patch = None
         self._subscriber = _subscribe_weakly(self)
 
@@ -82,6 +83,11 @@ class CompileProfiler:
         md = event.metadata
         cid = event.compile_id
         if event.name == "dynamo_start":
+            for seen in self._unattached:      # they belong to the compile starting now
+                seen.compile_id = cid
+                if self._inside and cid is not None:
+                    self._frames.add(cid.frame_id)
+            self._unattached.clear()
             stack = md.get("stack") or []
             if cid is not None and stack and isinstance(stack[-1], dict):
                 f = stack[-1]
@@ -97,7 +103,11 @@ class CompileProfiler:
         elif event.name == "artifact" and md.get("name") == "dynamo_graph_break_reason":
             seen = _Seen(cid, "break_artifact", _break_reason_line(event.payload() or ""))
         elif event.name == "artifact" and md.get("name") == "recompile_reasons":
-            seen = _Seen(cid, "recompile", (event.payload() or "").strip())
+            seen = _Seen(cid, "recompile", _recompile_reason(event.payload() or ""))
+            if cid is None:
+                self._unattached.append(seen)
+                self._pending.append(seen)
+                return
         else:
             return
         if self._inside and cid is not None:
@@ -212,6 +222,18 @@ def _break_reason_line(payload: str) -> str:
         if line.startswith("Graph Break Reason:"):
             return line.split(":", 1)[1].strip()
     return _first_line(payload)
+
+
+def _recompile_reason(payload: str) -> str:
+    """The first failing guard of a recompile_reasons payload: PyTorch writes the
+    failures one per line (`0/0: tensor 'x' size mismatch ...`); the engine puts a
+    `Recompiling function ...` header and `- ` bullets around them."""
+    for line in payload.splitlines():
+        text = line.strip()
+        if not text or text.startswith(("Recompiling function", "triggered by")):
+            continue
+        return text[2:] if text.startswith("- ") else text
+    return payload.strip()
 
 
 def _first_line(text: str) -> str:

@@ -63,7 +63,7 @@ class DebugDirSink:
         self.always = always             # True: on regardless of engine.config.compile_debug
         self.run_dirs: dict[str, str] = {}
         self.compile_dirs: dict[str, str] = {}
-        self.names: dict[str, str] = {}   # compile id -> function name
+        self.names: dict[tuple, str] = {}  # (frame id, compile index) -> function name (restarts share it)
         self.readable_from_gm: set[str] = set()
         self.failed = False
 
@@ -102,13 +102,18 @@ class DebugDirSink:
         cid = str(compile_id) if compile_id is not None else "none"
         path = self.compile_dirs.get(cid)
         if path is None:
-            name = _safe(self.names.get(cid, "graph"))
+            name = _safe(self._name(compile_id))
             suffix = "unknown_compile" if compile_id is None else \
                 f"{compile_id.frame_id}_{compile_id.frame_compile_id}" + (f"_{compile_id.attempt}" if compile_id.attempt else "")
-            path = os.path.join(self.run_dir(), f"{name}__{suffix}")
-            os.makedirs(path, exist_ok=True)
+            path = _unique(os.path.join(self.run_dir(), f"{name}__{suffix}"), sep="-")
+            os.makedirs(path)
             self.compile_dirs[cid] = path
         return path
+
+    def _name(self, compile_id: Optional[observe.CompileId]) -> str:
+        if compile_id is None:
+            return "graph"
+        return self.names.get((compile_id.frame_id, compile_id.frame_compile_id), "graph")
 
     # -- the subscriber ------------------------------------------------------------------
     def on_event(self, event: observe.Event) -> None:
@@ -135,8 +140,14 @@ class DebugDirSink:
             return
         if name == "dynamo_start":
             stack = md.get("stack") or []
+            if cid is not None:
+                # a new compile: after engine.reset() its id may repeat an earlier one's
+                base = (cid.frame_id, cid.frame_compile_id)
+                for key in [k for k in self.compile_dirs if k.split("_", 1)[0] == f"{base[0]}/{base[1]}"]:
+                    del self.compile_dirs[key]
+                self.names.pop(base, None)
             if cid is not None and stack and isinstance(stack[-1], dict):
-                self.names.setdefault(str(cid), str(stack[-1].get("name", "graph")))
+                self.names[(cid.frame_id, cid.frame_compile_id)] = str(stack[-1].get("name", "graph"))
                 f = stack[-1]
                 self._log(cid, f"dynamo_start {f.get('name')} ({f.get('filename')}:{f.get('line')})")
             return
@@ -161,7 +172,7 @@ class DebugDirSink:
 
     def _write_graph_module(self, cid, gm, example_inputs) -> None:
         folder = self.compile_dir(cid)
-        title = f"The graph of compile [{cid}] ({self.names.get(str(cid), '?')}), as the backend received it."
+        title = f"The graph of compile [{cid}] ({self._name(cid)}), as the backend received it."
         readable = gm.print_readable(print_output=False) if hasattr(gm, "print_readable") else str(gm)
         first = str(cid) not in self.readable_from_gm
         self._write(cid, "fx_graph_readable.py", f"# {title}\n{readable}", replace=first)
@@ -193,18 +204,25 @@ class DebugDirSink:
             f.write(f"{stamp} [{cid if cid is not None else '-'}] {line}\n")
 
 
-def _unique(path: str) -> str:
+def _unique(path: str, sep: str = "_") -> str:
+    """`path`, or `stem_1.ext`, `stem_2.ext`, ... if it exists (folders: `name-1`, ...)."""
     if not os.path.exists(path):
         return path
-    stem, ext = os.path.splitext(path)
+    stem, ext = os.path.splitext(path) if sep == "_" else (path, "")
     n = 1
-    while os.path.exists(f"{stem}_{n}{ext}"):
+    while os.path.exists(f"{stem}{sep}{n}{ext}"):
         n += 1
-    return f"{stem}_{n}{ext}"
+    return f"{stem}{sep}{n}{ext}"
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") or "graph"
+    """A folder-friendly function name. Resume functions nest their names
+    (`engine_resume_in_engine_resume_in_f_at_9_at_12`): keep the function and the
+    line the last break was at (`resume_in_f_at_12`)."""
+    m = re.fullmatch(r"(?:(?:engine|torch_dynamo)_resume_in_)+(.+?)(?:_at_\d+)*_at_(\d+)", name)
+    if m:
+        name = f"resume_in_{m.group(1)}_at_{m.group(2)}"
+    return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:64] or "graph"
 
 
 SINK: Optional[DebugDirSink] = None

@@ -50,6 +50,9 @@ def lines(out: Any) -> list[Line]:
         result.append(("    User Stack:", ""))
         for frame in _field(br, "user_stack", None) or []:
             result.append((f"      {format_frame(frame)}", "dim"))
+            source = _source_line(frame)
+            if source:
+                result.append((f"        {source}", "dim"))
     ops_per_graph = getattr(out, "ops_per_graph", None)
     if ops_per_graph is not None:
         result.append(("Ops per Graph:", "bold cyan"))
@@ -61,15 +64,19 @@ def lines(out: Any) -> list[Line]:
         result.append(("Out Guards:", "bold cyan"))
         for i, guard in enumerate(out_guards, 1):
             result.append((f"  Guard {i}:", "bold"))
-            result += [(f"    {text}", "") for text in str(guard).splitlines() or [""]]
+            result += [(f"    {text}", "") for text in _guard_text(guard).splitlines() or [""]]
     compile_times = getattr(out, "compile_times", None)
-    if compile_times is not None:
+    if compile_times:
         result.append((f"Compile Times: {compile_times}", ""))
     return result
 
 
 def format_frame(frame: Any) -> str:
-    """A user frame as PyTorch shows one: `<FrameSummary file foo.py, line 5 in fn>`."""
+    """A user frame as PyTorch shows one: `<FrameSummary file foo.py, line 5 in fn>`.
+    Frames may be FrameSummary objects, dicts (filename, line, name) or tuples
+    (filename, lineno, name[, source line])."""
+    if isinstance(frame, tuple) and len(frame) >= 3:
+        return f"<FrameSummary file {frame[0]}, line {frame[1]} in {frame[2]}>"
     if isinstance(frame, dict):
         filename = frame.get("filename")
         lineno = frame.get("line", frame.get("lineno"))
@@ -78,6 +85,29 @@ def format_frame(frame: Any) -> str:
     if all(hasattr(frame, a) for a in ("filename", "lineno", "name")):
         return f"<FrameSummary file {frame.filename}, line {frame.lineno} in {frame.name}>"
     return str(frame)
+
+
+def _source_line(frame: Any) -> str:
+    """The frame's source text, shown under it as in a traceback."""
+    if isinstance(frame, tuple) and len(frame) >= 4 and frame[3]:
+        return str(frame[3]).strip()
+    if isinstance(frame, dict):
+        return str(frame.get("loc") or "").strip()
+    return ""
+
+
+def _guard_text(guard: Any) -> str:
+    """The engine's guards render through engine.guards; anything else by str()."""
+    if isinstance(guard, str):
+        return guard
+    try:
+        from engine.guards import Guard, render_guard
+
+        if isinstance(guard, Guard):
+            return render_guard(guard)
+    except ImportError:
+        pass
+    return str(guard)
 
 
 def _field(obj: Any, name: str, default: Any = "") -> Any:

@@ -86,7 +86,7 @@ def _make_inputs(specs, seed=0):
         _, shape, stride, dtype, device, requires_grad = spec
         numel = 1 + sum((size - 1) * st for size, st in zip(shape, stride)) if all(shape) else 0
         if dtype.is_floating_point or dtype.is_complex:
-            base = torch.randn(numel, generator=gen, dtype=torch.float64 if dtype.is_complex else torch.float32)
+            base = torch.randn(numel, generator=gen, dtype=torch.complex128 if dtype.is_complex else torch.float32)
         elif dtype == torch.bool:
             base = torch.randint(0, 2, (numel,), generator=gen) > 0
         else:
@@ -126,7 +126,7 @@ def _import_block(globals_: dict) -> str:
         except Exception:
             where = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
             lines.append(f"raise ImportError({f'fx_graph_runnable: the graph calls {where}, which cannot be imported here; define {name} above this line'!r})")
-    return "\n".join(line for line in lines if line)
+    return "\n".join(line for line in lines if line and line != "import torch")  # imported above
 
 
 def _state(gm: torch.fx.GraphModule) -> dict:
@@ -154,7 +154,7 @@ def render(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]] = N
     """The script's text. `state_file` is the basename of the saved state, if any."""
     code = gm.graph.python_code(root_module="self")
     specs = describe_inputs(gm, example_inputs)
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
     spec_lines = "\n".join(f"    {_spec_source(s)},  # {name}" for s, name in zip(specs, placeholders))
     load_state = ""
     if state_file:

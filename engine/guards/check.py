@@ -27,9 +27,16 @@ def _condition(g: Guard, i: int, ns: dict) -> str:
         ns[k + "_type"], ns[k + "_dtype"], ns[k + "_device"] = m.type, m.dtype, m.device
         ns[k + "_sizes"], ns[k + "_strides"] = tuple(m.sizes), tuple(m.strides)
         v = f"___t{i}"
-        return (f"type({v} := {s}) is {k}_type and {v}.dtype is {k}_dtype and {v}.device == {k}_device "
-                f"and {v}.requires_grad is {bool(m.requires_grad)} and {v}.size() == {k}_sizes "
-                f"and {v}.stride() == {k}_strides")
+        head = (f"type({v} := {s}) is {k}_type and {v}.dtype is {k}_dtype and {v}.device == {k}_device "
+                f"and {v}.requires_grad is {bool(m.requires_grad)}")
+        if None in m.sizes or None in m.strides:
+            # symbolic dims (engine/shapes) are not compared here; SHAPE_ENV guards relate them
+            sz, st = f"___sz{i}", f"___st{i}"
+            checks = [f"len({sz} := {v}.size()) == {len(m.sizes)}", f"({st} := {v}.stride()) is not None"]
+            checks += [f"{sz}[{d}] == {n}" for d, n in enumerate(m.sizes) if n is not None]
+            checks += [f"{st}[{d}] == {n}" for d, n in enumerate(m.strides) if n is not None]
+            return head + " and " + " and ".join(checks)
+        return head + f" and {v}.size() == {k}_sizes and {v}.stride() == {k}_strides"
     if g.kind == "TYPE_MATCH":
         ns[k] = e
         return f"type({s}) is {k}"
@@ -54,6 +61,8 @@ def _condition(g: Guard, i: int, ns: dict) -> str:
         return f"___global_state() == {k}"
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
+    if g.kind == "SHAPE_ENV":  # a relation between sizes, already Python over L and G (engine/shapes)
+        return f"({e})"
     raise ValueError(f"unknown guard kind {g.kind}")
 
 
@@ -115,10 +124,10 @@ def explain_failure(g: Guard, i: int, L: dict, G: dict, ns: dict) -> str | None:
             if v.dim() != len(m.sizes):
                 return f"tensor '{name}' rank mismatch. expected {len(m.sizes)}, actual {v.dim()}"
             for d, (a, b) in enumerate(zip(m.sizes, v.size())):
-                if a != b:
+                if a is not None and a != b:
                     return f"tensor '{name}' size mismatch at index {d}. expected {a}, actual {b}"
             for d, (a, b) in enumerate(zip(m.strides, v.stride())):
-                if a != b:
+                if a is not None and a != b:
                     return f"tensor '{name}' stride mismatch at index {d}. expected {a}, actual {b}"
             return None
         local_ns = dict(ns)

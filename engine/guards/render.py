@@ -37,6 +37,8 @@ def expression(g: Guard) -> str:
         return "___check_global_state() against " + ",".join(f"{k}={v}" for k, v in e.items())
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
+    if g.kind == "SHAPE_ENV":
+        return str(e)
     return f"{g.kind}({s}, {e!r})"
 
 
@@ -54,17 +56,6 @@ def render_guard(g: Guard, with_user_frame: bool = True) -> str:
 
 
 def render_guards(guards: Iterable[Guard]) -> str:
-    """Grouped by source, in the order the capture created them."""
-    lines = ["", "TREE_GUARD_MANAGER:", "+- RootGuardManager"]
-    groups: dict[str, list[Guard]] = {}
-    for g in guards:
-        groups.setdefault(g.source, []).append(g)
-    for source, items in groups.items():
-        if source == "":
-            for g in items:
-                lines.append(f"| +- {render_guard(g)}")
-            continue
-        lines.append(f"| +- GuardManager: source={source}")
-        for g in items:
-            lines.append(f"| | +- {render_guard(g)}")
-    return "\n".join(lines)
+    """The guard tree (PyTorch's TREE_GUARD_MANAGER layout; engine/guards/tree.py)."""
+    from .tree import render_guard_tree
+    return render_guard_tree(guards)

@@ -1,0 +1,93 @@
+"""Launch configurations: block sizes and warps per kernel shape (heuristics), and the
+small set of candidates `mode="max-autotune"` benchmarks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    XBLOCK: int
+    RBLOCK: int = 1          # unused by pointwise kernels
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def kwargs(self, reduction: bool) -> dict:
+        kw = {"XBLOCK": self.XBLOCK, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if reduction:
+            kw["RBLOCK"] = self.RBLOCK
+        return kw
+
+    def __str__(self) -> str:
+        return f"XBLOCK={self.XBLOCK} RBLOCK={self.RBLOCK} num_warps={self.num_warps} num_stages={self.num_stages}"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _clamp(v, lo, hi):
+    return max(lo, min(hi, v))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the heuristics know about a kernel at launch: its kind and sizes."""
+    kind: str               # pointwise | reduction
+    persistent: bool
+    xnumel: int
+    rnumel: int
+    x_contiguous: bool
+    interpret: bool = False
+
+
+def heuristic(s: Shape) -> Config:
+    if s.kind == "pointwise":
+        if s.interpret:     # the CPU interpreter pays per program: few large blocks
+            return Config(_clamp(next_pow2(s.xnumel), 16, 4096), 1, 1)
+        xb = _clamp(next_pow2(s.xnumel), 32, 1024)
+        return Config(xb, 1, _clamp(xb // 256, 1, 4) if xb < 1024 else 4)
+    if s.persistent:
+        rb = next_pow2(s.rnumel)
+        target = 4096 if not s.interpret else 1 << 14
+        xb = _clamp(target // rb, 1, next_pow2(s.xnumel))
+        if not s.x_contiguous:
+            xb = min(xb, 64)
+        warps = _clamp(next_pow2(max(1, xb * rb // 512)), 2, 16)
+        return Config(xb, rb, warps)
+    if s.x_contiguous:      # rows are strided, columns contiguous: wide in x, short in r
+        xb = _clamp(next_pow2(s.xnumel), 1, 64)
+        return Config(xb, 64 if not s.interpret else 256, 8)
+    rb = _clamp(next_pow2(s.rnumel), 16, 2048 if not s.interpret else 1 << 14)
+    return Config(1, rb, _clamp(rb // 256, 2, 8))
+
+
+def candidates(s: Shape) -> list[Config]:
+    """The configs max-autotune times (the heuristic's choice is always among them)."""
+    out = [heuristic(s)]
+    if s.kind == "pointwise":
+        for xb in (256, 512, 1024, 2048, 4096):
+            for w in (4, 8):
+                if xb <= max(32, next_pow2(s.xnumel)) and xb // w >= 32:
+                    out.append(Config(xb, 1, w))
+    elif s.persistent:
+        rb = next_pow2(s.rnumel)
+        for xb in (1, 2, 4, 8, 16, 32):
+            if xb * rb > 32768 or xb > next_pow2(s.xnumel):
+                continue
+            for w in (2, 4, 8, 16):
+                if 32 * w <= xb * rb:
+                    out.append(Config(xb, rb, w))
+    else:
+        for xb, rb in ((1, 1024), (1, 2048), (1, 4096), (2, 1024), (8, 256), (32, 64), (64, 64), (64, 16)):
+            if xb > next_pow2(s.xnumel):
+                continue
+            for w in (4, 8):
+                out.append(Config(xb, rb, w))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq

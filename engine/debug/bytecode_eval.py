@@ -1,0 +1,556 @@
+"""A small concrete evaluator for the code objects the engine generates, so the bytecode
+step debugger can show the *real* value stack (CPython gives no access to a running
+frame's stack from Python).
+
+`EvalFrame(fn, args, kwargs)` binds the arguments the way CPython would; `step()` runs
+one instruction with real values and real calls (the compiled graph, the trampoline, a
+resume function, `print`, ...). It supports the opcodes the engine's code generators emit
+and the common ones of copied original code on CPython 3.11 and 3.12; `check_supported`
+says up front when a code object uses anything else (exception tables, generators, ...),
+so the caller can run that frame with a real call instead.
+
+Nothing here imports torch or the capture engine: it is plain bytecode semantics.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import inspect
+import operator
+import sys
+import types
+from typing import Any, Optional
+
+from ..capture.bytecode import PY312, Instruction, decode
+
+
+class _Null:
+    """The NULL CPython pushes below a callable (PUSH_NULL, LOAD_GLOBAL's low bit)."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = _Null()
+
+
+class NotSteppable(Exception):
+    """This code object uses something the evaluator does not model; run it for real."""
+
+
+class Returned:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+_BINARY = {
+    "+": operator.add, "&": operator.and_, "//": operator.floordiv, "<<": operator.lshift,
+    "@": operator.matmul, "*": operator.mul, "%": operator.mod, "|": operator.or_, "**": operator.pow,
+    ">>": operator.rshift, "-": operator.sub, "/": operator.truediv, "^": operator.xor,
+    "+=": operator.iadd, "&=": operator.iand, "//=": operator.ifloordiv, "<<=": operator.ilshift,
+    "@=": operator.imatmul, "*=": operator.imul, "%=": operator.imod, "|=": operator.ior,
+    "**=": operator.ipow, ">>=": operator.irshift, "-=": operator.isub, "/=": operator.itruediv,
+    "^=": operator.ixor,
+}
+_COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+            ">": operator.gt, ">=": operator.ge}
+_CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
+# Callables that read the *calling* frame; from this evaluator they would see the wrong one.
+_FRAME_READERS = {locals, vars, dir, sys._getframe, inspect.currentframe}
+_METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+def _load_method(obj, name):
+    """What LOAD_METHOD / 3.12 LOAD_ATTR(method) push: (function, self) when the attribute
+    is a plain method found on the type, else (NULL, the attribute)."""
+    tattr = inspect.getattr_static(type(obj), name, None) if not isinstance(obj, type) else None
+    if isinstance(tattr, _METHOD_TYPES):
+        inst_dict = getattr(obj, "__dict__", None)
+        if not (isinstance(inst_dict, dict) and name in inst_dict) and \
+                type(obj).__getattribute__ is object.__getattribute__:
+            return [tattr, obj]
+    return [NULL, getattr(obj, name)]
+
+
+class EvalFrame:
+    """One frame of a code object being evaluated instruction by instruction."""
+
+    def __init__(self, fn: types.FunctionType, args=(), kwargs=None, *, name: str | None = None):
+        self.fn = fn
+        self.code: types.CodeType = fn.__code__
+        self.name = name or self.code.co_name
+        self.instructions: list[Instruction] = decode(self.code)
+        check_supported(self.code, self.instructions)
+        self.index_of = {id(inst): k for k, inst in enumerate(self.instructions)}
+        self.globals = fn.__globals__
+        b = self.globals.get("__builtins__", builtins)
+        self.builtins = b if isinstance(b, dict) else b.__dict__
+        self.fast: dict[str, Any] = self._bind(fn, args, kwargs or {})
+        self.cells: dict[str, types.CellType] = {}
+        self.stack: list[Any] = []
+        self.pc = 0  # index into self.instructions of the next instruction to run
+        self.kw_names: tuple = ()
+        self.done = False
+        self.return_value: Any = None
+        self.last: Optional[Instruction] = None  # the instruction run last (an outer frame: the call)
+
+    @staticmethod
+    def _bind(fn, args, kwargs) -> dict:
+        sig = inspect.signature(fn, follow_wrapped=False)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def current(self) -> Optional[Instruction]:
+        return None if self.done else self.instructions[self.pc]
+
+    def visible_locals(self) -> dict:
+        """Locals and cell contents by name, as `locals()` would show them."""
+        out = dict(self.fast)
+        for name, cell in self.cells.items():
+            try:
+                out[name] = cell.cell_contents
+            except ValueError:
+                out.pop(name, None)
+        return out
+
+    # ------------------------------------------------------------------ running
+    def step(self) -> Optional[Returned]:
+        """Run the next instruction; a `Returned` when the frame returned."""
+        if self.done:
+            raise RuntimeError("the frame has already returned")
+        inst = self.instructions[self.pc]
+        self.last = inst
+        self.pc += 1
+        getattr(self, "op_" + inst.opname)(inst)
+        if self.done:
+            return Returned(self.return_value)
+        return None
+
+    def run_to_end(self) -> Any:
+        while True:
+            r = self.step()
+            if r is not None:
+                return r.value
+
+    # ------------------------------------------------------------------ helpers
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump_to(self, inst: Instruction):
+        self.pc = self.index_of[id(inst.target)]
+
+    def _return(self, value):
+        self.return_value = value
+        self.done = True
+
+    def load_global(self, name: str):
+        if name in self.globals:
+            return self.globals[name]
+        if name in self.builtins:
+            return self.builtins[name]
+        raise NameError(f"name {name!r} is not defined")
+
+    def call(self, fn, args: list, kwargs: dict):
+        if fn is super and not args and not kwargs:
+            # zero-argument super() finds __class__ and self in the calling frame: give them
+            cls = self.cells["__class__"].cell_contents
+            first = self.code.co_varnames[0]
+            this = self.cells[first].cell_contents if first in self.cells else self.fast[first]
+            return super(cls, this)
+        if fn in _FRAME_READERS and not args:
+            raise NotSteppable(f"{getattr(fn, '__name__', fn)}() reads the calling frame")
+        return fn(*args, **kwargs)
+
+    # ------------------------------------------------------------------ opcodes: frame setup
+    def op_RESUME(self, inst): pass
+    def op_NOP(self, inst): pass
+    def op_EXTENDED_ARG(self, inst): pass
+    def op_PRECALL(self, inst): pass  # 3.11: the call happens in CALL
+
+    def op_MAKE_CELL(self, inst):
+        name = inst.argval
+        if name in self.fast:
+            self.cells[name] = types.CellType(self.fast.pop(name))
+        else:
+            self.cells[name] = types.CellType()
+
+    def op_COPY_FREE_VARS(self, inst):
+        for name, cell in zip(self.code.co_freevars, self.fn.__closure__ or ()):
+            self.cells[name] = cell
+
+    # ------------------------------------------------------------------ stack
+    def op_PUSH_NULL(self, inst): self.push(NULL)
+    def op_POP_TOP(self, inst): self.pop()
+
+    def op_COPY(self, inst):
+        self.push(self.stack[-inst.arg])
+
+    def op_SWAP(self, inst):
+        n = inst.arg
+        self.stack[-1], self.stack[-n] = self.stack[-n], self.stack[-1]
+
+    def op_END_FOR(self, inst):
+        self.popn(2)
+
+    # ------------------------------------------------------------------ locals, cells, globals
+    def op_LOAD_CONST(self, inst): self.push(inst.argval)
+
+    def op_LOAD_FAST(self, inst):
+        name = inst.argval
+        if name not in self.fast:
+            raise UnboundLocalError(f"cannot access local variable {name!r} where it is not associated with a value")
+        self.push(self.fast[name])
+
+    op_LOAD_FAST_CHECK = op_LOAD_FAST
+
+    def op_LOAD_FAST_AND_CLEAR(self, inst):
+        self.push(self.fast.pop(inst.argval, NULL))
+
+    def op_STORE_FAST(self, inst):
+        v = self.pop()
+        if v is NULL:  # 3.12 restores a comprehension variable that was unbound
+            self.fast.pop(inst.argval, None)
+        else:
+            self.fast[inst.argval] = v
+
+    def op_DELETE_FAST(self, inst):
+        if inst.argval not in self.fast:
+            raise UnboundLocalError(f"cannot access local variable {inst.argval!r} where it is not associated with a value")
+        del self.fast[inst.argval]
+
+    def op_LOAD_CLOSURE(self, inst):
+        self.push(self.cells[inst.argval])
+
+    def op_LOAD_DEREF(self, inst):
+        try:
+            self.push(self.cells[inst.argval].cell_contents)
+        except ValueError:
+            raise NameError(f"cannot access free variable {inst.argval!r} where it is not associated with a value"
+                            ) from None
+
+    def op_STORE_DEREF(self, inst):
+        self.cells[inst.argval].cell_contents = self.pop()
+
+    def op_DELETE_DEREF(self, inst):
+        del self.cells[inst.argval].cell_contents
+
+    def op_LOAD_GLOBAL(self, inst):
+        if inst.flags & 1:
+            self.push(NULL)
+        self.push(self.load_global(inst.argval))
+
+    def op_STORE_GLOBAL(self, inst):
+        self.globals[inst.argval] = self.pop()
+
+    def op_DELETE_GLOBAL(self, inst):
+        del self.globals[inst.argval]
+
+    def op_LOAD_ASSERTION_ERROR(self, inst):
+        self.push(AssertionError)
+
+    # ------------------------------------------------------------------ attributes and items
+    def op_LOAD_ATTR(self, inst):
+        obj = self.pop()
+        if PY312 and inst.flags & 1:
+            self.stack.extend(_load_method(obj, inst.argval))
+        else:
+            self.push(getattr(obj, inst.argval))
+
+    def op_LOAD_METHOD(self, inst):
+        self.stack.extend(_load_method(self.pop(), inst.argval))
+
+    def op_LOAD_SUPER_ATTR(self, inst):
+        self_obj = self.pop()
+        cls = self.pop()
+        global_super = self.pop()
+        sup = global_super(cls, self_obj) if inst.flags & 2 else self.call(global_super, [], {})
+        attr = getattr(sup, inst.argval)
+        if inst.flags & 1:
+            self.push(NULL)
+        self.push(attr)
+
+    def op_STORE_ATTR(self, inst):
+        obj = self.pop()
+        value = self.pop()
+        setattr(obj, inst.argval, value)
+
+    def op_DELETE_ATTR(self, inst):
+        delattr(self.pop(), inst.argval)
+
+    def op_BINARY_SUBSCR(self, inst):
+        key = self.pop()
+        self.push(self.pop()[key])
+
+    def op_STORE_SUBSCR(self, inst):
+        key = self.pop()
+        container = self.pop()
+        container[key] = self.pop()
+
+    def op_DELETE_SUBSCR(self, inst):
+        key = self.pop()
+        del self.pop()[key]
+
+    def op_BINARY_SLICE(self, inst):
+        end = self.pop()
+        start = self.pop()
+        self.push(self.pop()[start:end])
+
+    def op_STORE_SLICE(self, inst):
+        end = self.pop()
+        start = self.pop()
+        container = self.pop()
+        container[start:end] = self.pop()
+
+    # ------------------------------------------------------------------ building values
+    def op_BUILD_TUPLE(self, inst): self.push(tuple(self.popn(inst.arg)))
+    def op_BUILD_LIST(self, inst): self.push(self.popn(inst.arg))
+    def op_BUILD_SET(self, inst): self.push(set(self.popn(inst.arg)))
+
+    def op_BUILD_MAP(self, inst):
+        items = self.popn(2 * inst.arg)
+        self.push({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+    def op_BUILD_CONST_KEY_MAP(self, inst):
+        keys = self.pop()
+        self.push(dict(zip(keys, self.popn(inst.arg))))
+
+    def op_BUILD_STRING(self, inst):
+        self.push("".join(self.popn(inst.arg)))
+
+    def op_BUILD_SLICE(self, inst):
+        self.push(slice(*self.popn(inst.arg)))
+
+    def op_LIST_APPEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].append(v)
+
+    def op_SET_ADD(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].add(v)
+
+    def op_MAP_ADD(self, inst):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-inst.arg][key] = value
+
+    def op_LIST_EXTEND(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].extend(v)
+
+    def op_SET_UPDATE(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].update(v)
+
+    def op_DICT_UPDATE(self, inst):
+        v = self.pop()
+        self.stack[-inst.arg].update(v)
+
+    def op_DICT_MERGE(self, inst):
+        v = self.pop()
+        target = self.stack[-inst.arg]
+        for k in v.keys():
+            if k in target:
+                raise TypeError(f"got multiple values for keyword argument {k!r}")
+        target.update(v)
+
+    def op_LIST_TO_TUPLE(self, inst):
+        self.push(tuple(self.pop()))
+
+    def op_CALL_INTRINSIC_1(self, inst):
+        v = self.pop()
+        if inst.arg == 5:      # INTRINSIC_UNARY_POSITIVE
+            self.push(+v)
+        elif inst.arg == 6:    # INTRINSIC_LIST_TO_TUPLE
+            self.push(tuple(v))
+        else:
+            self.push(v)
+            raise NotSteppable(f"CALL_INTRINSIC_1 {inst.arg}")
+
+    def op_UNPACK_SEQUENCE(self, inst):
+        items = list(self.pop())
+        if len(items) != inst.arg:
+            raise ValueError(f"expected {inst.arg} values to unpack, got {len(items)}")
+        self.stack.extend(reversed(items))
+
+    def op_UNPACK_EX(self, inst):
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        items = list(self.pop())
+        if len(items) < before + after:
+            raise ValueError(f"not enough values to unpack (expected at least {before + after}, got {len(items)})")
+        middle = items[before:len(items) - after]
+        parts = items[:before] + [middle] + items[len(items) - after:]
+        self.stack.extend(reversed(parts))
+
+    def op_FORMAT_VALUE(self, inst):
+        spec = self.pop() if inst.arg & 4 else ""
+        v = self.pop()
+        conv = _CONVERSIONS[inst.arg & 3]
+        if conv is not None:
+            v = conv(v)
+        self.push(format(v, spec))
+
+    # ------------------------------------------------------------------ operators
+    def op_BINARY_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        self.push(_BINARY[dis._nb_ops[inst.arg][1]](a, b))
+
+    def op_COMPARE_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        op = inst.argval if isinstance(inst.argval, str) else dis.cmp_op[inst.arg >> 4 if PY312 else inst.arg]
+        self.push(_COMPARE[op](a, b))
+
+    def op_IS_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        self.push((a is not b) if inst.arg else (a is b))
+
+    def op_CONTAINS_OP(self, inst):
+        b = self.pop()
+        a = self.pop()
+        self.push((a not in b) if inst.arg else (a in b))
+
+    def op_UNARY_NEGATIVE(self, inst): self.push(-self.pop())
+    def op_UNARY_POSITIVE(self, inst): self.push(+self.pop())
+    def op_UNARY_INVERT(self, inst): self.push(~self.pop())
+    def op_UNARY_NOT(self, inst): self.push(not self.pop())
+
+    def op_GET_LEN(self, inst):
+        self.push(len(self.stack[-1]))
+
+    # ------------------------------------------------------------------ control flow
+    def op_RETURN_VALUE(self, inst): self._return(self.pop())
+    def op_RETURN_CONST(self, inst): self._return(inst.argval)
+
+    def op_JUMP_FORWARD(self, inst): self.jump_to(inst)
+    op_JUMP_BACKWARD = op_JUMP_FORWARD
+    op_JUMP_BACKWARD_NO_INTERRUPT = op_JUMP_FORWARD
+
+    def _pop_jump(self, inst, test):
+        if test(self.pop()):
+            self.jump_to(inst)
+
+    def op_POP_JUMP_IF_TRUE(self, inst): self._pop_jump(inst, lambda v: bool(v))
+    def op_POP_JUMP_IF_FALSE(self, inst): self._pop_jump(inst, lambda v: not v)
+    def op_POP_JUMP_IF_NONE(self, inst): self._pop_jump(inst, lambda v: v is None)
+    def op_POP_JUMP_IF_NOT_NONE(self, inst): self._pop_jump(inst, lambda v: v is not None)
+    op_POP_JUMP_FORWARD_IF_TRUE = op_POP_JUMP_BACKWARD_IF_TRUE = op_POP_JUMP_IF_TRUE
+    op_POP_JUMP_FORWARD_IF_FALSE = op_POP_JUMP_BACKWARD_IF_FALSE = op_POP_JUMP_IF_FALSE
+    op_POP_JUMP_FORWARD_IF_NONE = op_POP_JUMP_BACKWARD_IF_NONE = op_POP_JUMP_IF_NONE
+    op_POP_JUMP_FORWARD_IF_NOT_NONE = op_POP_JUMP_BACKWARD_IF_NOT_NONE = op_POP_JUMP_IF_NOT_NONE
+
+    def op_JUMP_IF_TRUE_OR_POP(self, inst):
+        if self.stack[-1]:
+            self.jump_to(inst)
+        else:
+            self.pop()
+
+    def op_JUMP_IF_FALSE_OR_POP(self, inst):
+        if not self.stack[-1]:
+            self.jump_to(inst)
+        else:
+            self.pop()
+
+    def op_GET_ITER(self, inst):
+        self.push(iter(self.pop()))
+
+    def op_FOR_ITER(self, inst):
+        try:
+            self.push(next(self.stack[-1]))
+        except StopIteration:
+            self.pop()
+            self.jump_to(inst)
+            if PY312 and self.instructions[self.pc].opname == "END_FOR":
+                self.pc += 1  # 3.12 pops the iterator and skips END_FOR
+
+    def op_RAISE_VARARGS(self, inst):
+        if inst.arg == 0:
+            raise NotSteppable("bare `raise` (re-raise) is not modelled")
+        cause = self.pop() if inst.arg == 2 else None
+        exc = self.pop()
+        if cause is not None:
+            raise exc from cause
+        raise exc
+
+    # ------------------------------------------------------------------ calls and functions
+    def op_KW_NAMES(self, inst):
+        self.kw_names = tuple(inst.argval)
+
+    def op_CALL(self, inst):
+        args = self.popn(inst.arg)
+        fn_or_self = self.pop()
+        null_or_fn = self.pop()
+        if null_or_fn is NULL:
+            fn = fn_or_self
+        else:
+            fn, args = null_or_fn, [fn_or_self] + args
+        kw, self.kw_names = self.kw_names, ()
+        kwargs = {}
+        if kw:
+            kwargs = dict(zip(kw, args[len(args) - len(kw):]))
+            args = args[:len(args) - len(kw)]
+        self.push(self.call(fn, args, kwargs))
+
+    def op_CALL_FUNCTION_EX(self, inst):
+        kwargs = self.pop() if inst.arg & 1 else {}
+        args = self.pop()
+        fn = self.pop()
+        below = self.pop()
+        if below is not NULL:  # not emitted by CPython's compiler; keep the slot as found
+            self.push(below)
+        self.push(self.call(fn, list(args), dict(kwargs)))
+
+    def op_MAKE_FUNCTION(self, inst):
+        code = self.pop()
+        flags = inst.arg
+        closure = self.pop() if flags & 0x08 else None
+        annotations = self.pop() if flags & 0x04 else None
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop() if flags & 0x01 else None
+        f = types.FunctionType(code, self.globals, code.co_name, defaults, closure)
+        f.__qualname__ = code.co_qualname
+        if kwdefaults is not None:
+            f.__kwdefaults__ = kwdefaults
+        if annotations is not None:
+            f.__annotations__ = dict(zip(annotations[::2], annotations[1::2])) \
+                if isinstance(annotations, tuple) else annotations
+        self.push(f)
+
+
+_HANDLED = frozenset(name[3:] for name in dir(EvalFrame) if name.startswith("op_"))
+
+
+def check_supported(code: types.CodeType, instructions=None) -> None:
+    """Raise NotSteppable when `code` uses something the evaluator does not model."""
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                        inspect.CO_ITERABLE_COROUTINE):
+        raise NotSteppable("generators and coroutines run for real")
+    if code.co_exceptiontable:
+        raise NotSteppable("the code has try/with blocks (an exception table)")
+    for inst in instructions if instructions is not None else decode(code):
+        if inst.opname not in _HANDLED:
+            raise NotSteppable(f"opcode {inst.opname} at offset {inst.offset} is not modelled")

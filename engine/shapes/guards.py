@@ -1,0 +1,162 @@
+"""Shape guards in user terms, built from one capture's ShapeEnv.
+
+A compiled graph with symbolic sizes is valid for the inputs that satisfy what the trace
+assumed about its symbols. Those assumptions come in three kinds, each rendered as a
+Python condition over `L` and `G`:
+
+1. where a size/stride was tied to an earlier one (duck sizing gave two dims the same
+   symbol, or a guard such as `x.shape[0] == y.shape[0]` replaced one symbol by another or
+   by a constant): `L['y'].size()[0] == L['x'].size()[0]`;
+2. each free symbol's range: `2 <= L['x'].size()[0]` (sizes 0 and 1 were specialized);
+3. every other guard the trace added (a branch on a size), simplified with sympy
+   against the replacements, and dropped when the ranges already imply it.
+
+They become `Guard("SHAPE_ENV", "", text, user_frame)` records after the tensor guards, so
+a size is read only once its tensor has passed TENSOR_MATCH."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional
+
+import sympy
+import torch
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import bound_sympy
+
+from ..guards.guard import Guard, TensorMeta
+from .env import EngineShapeEnv
+from .printer import python_text
+from .sources import source_name
+
+
+def symbol_names(env: EngineShapeEnv) -> dict:
+    """Each symbol -> the source that first produced it."""
+    return {sym: source_name(srcs[0]) for sym, srcs in env.var_to_sources.items() if srcs}
+
+
+def _is_symbolic(v) -> bool:
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not isinstance(
+        v.node.expr, sympy.Number)
+
+
+def dynamic_dims(fake: torch.Tensor) -> tuple:
+    """(symbolic size dims, symbolic stride dims) of a fake tensor."""
+    return (tuple(i for i, s in enumerate(fake.size()) if _is_symbolic(s)),
+            tuple(i for i, s in enumerate(fake.stride()) if _is_symbolic(s)))
+
+
+def relax_tensor_match(guards: list, inputs: Iterable) -> list:
+    """TENSOR_MATCH guards of inputs whose fakes have symbolic dims expect `None` there."""
+    holes = {}
+    for source, _real, vt in inputs:
+        fake = getattr(vt, "fake", None)
+        if isinstance(fake, torch.Tensor):
+            sizes, strides = dynamic_dims(fake)
+            if sizes or strides:
+                holes[source.name()] = (sizes, strides)
+    if not holes:
+        return list(guards)
+    out = []
+    for g in guards:
+        h = holes.get(g.source) if g.kind == "TENSOR_MATCH" else None
+        if h is not None:
+            m: TensorMeta = g.expected
+            sizes = tuple(None if i in h[0] else s for i, s in enumerate(m.sizes))
+            strides = tuple(None if i in h[1] else s for i, s in enumerate(m.strides))
+            g = dataclasses.replace(g, expected=dataclasses.replace(m, sizes=sizes, strides=strides))
+        out.append(g)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeGuardText:
+    text: str
+    user_frame: Optional[tuple]
+    why: str  # "duck sizing", "range", "guard"
+
+
+def _frame_of(sloc) -> Optional[tuple]:
+    return getattr(sloc, "user_frame", None)
+
+
+def shape_guard_texts(env: EngineShapeEnv) -> list[ShapeGuardText]:
+    names = symbol_names(env)
+    out: list[ShapeGuardText] = []
+    seen: set = set()
+
+    def add(text, frame, why):
+        if text not in seen:
+            seen.add(text)
+            out.append(ShapeGuardText(text, frame, why))
+
+    # 1. every source of a symbol equals the symbol's canonical form
+    for sym, srcs in env.var_to_sources.items():
+        canon = env.replace(sym)
+        frame = env.symbol_frames.get(sym)
+        for k, src in enumerate(srcs):
+            if canon == sym and k == 0:
+                continue
+            rhs = python_text(canon, names)
+            lhs = source_name(src)
+            if lhs != rhs:
+                add(f"{lhs} == {rhs}", frame, "duck sizing" if canon == sym else "specialization")
+    # 2. ranges of the symbols that stayed free
+    for sym in env.var_to_sources:
+        if env.replace(sym) != sym:
+            continue
+        vr = env.var_to_range.get(sym)
+        if vr is None:
+            continue
+        name = names[sym]
+        frame = env.symbol_frames.get(sym)
+        if vr.lower not in (-int_oo, -sympy.oo) and vr.lower > 0:
+            add(f"{vr.lower} <= {name}", frame, "range")
+        if vr.upper not in (int_oo, sympy.oo):
+            add(f"{name} <= {vr.upper}", frame, "range")
+    # 3. the guards the trace added, unless the ranges already imply them
+    ranges = {s: r for s, r in env.var_to_range.items()}
+    for g in env.guards:
+        expr = env.simplify(g.expr)
+        if expr is sympy.true or expr == sympy.true:
+            continue
+        try:
+            b = bound_sympy(expr, ranges)
+            if b.is_singleton() and bool(b.lower) is True:
+                continue
+        except Exception:
+            pass
+        missing = [s for s in expr.free_symbols if s not in names]
+        if missing:
+            raise ValueError(f"shape guard {expr} uses symbols without a source: {missing}")
+        add(python_text(expr, names), _frame_of(g.sloc), "guard")
+    return out
+
+
+def stride_guard_texts(env: EngineShapeEnv, inputs: Iterable) -> list[ShapeGuardText]:
+    """Symbolic strides follow from the sizes (`L['x'].stride()[0] == L['x'].size()[1]`)."""
+    names = symbol_names(env)
+    out = []
+    for source, _real, vt in inputs:
+        fake = getattr(vt, "fake", None)
+        if not isinstance(fake, torch.Tensor):
+            continue
+        for i, st in enumerate(fake.stride()):
+            if _is_symbolic(st):
+                rhs = python_text(env.simplify(st.node.expr), names)
+                out.append(ShapeGuardText(f"{source.name()}.stride()[{i}] == {rhs}", None, "stride"))
+    return out
+
+
+def shape_guards(env, inputs: Iterable = ()) -> list[Guard]:
+    if not isinstance(env, EngineShapeEnv) or not env.var_to_sources:
+        return []
+    texts = stride_guard_texts(env, inputs) + shape_guard_texts(env)
+    return [Guard("SHAPE_ENV", "", t.text, t.user_frame) for t in texts]
+
+
+def finalize_guards(out) -> list[Guard]:
+    """The guard list of a finished capture (an OutputGraph): its guards with tensor
+    matches relaxed at symbolic dims, then the shape guards."""
+    guards = relax_tensor_match(out.guard_list(), out.inputs)
+    return guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs)

@@ -1,0 +1,115 @@
+"""Guards: every assumption the capture made is checked before a cache entry runs, so a
+call with different inputs is never answered by stale code; a failing guard is explained
+in words."""
+
+import warnings
+
+import pytest
+import torch
+
+import engine
+from engine.capture import runtime
+from engine.guards import Guard, TensorMeta, compile_guards, global_state, render_guards
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    engine.reset()
+    yield
+    engine.reset()
+
+
+def entries_of(fn):
+    return runtime.cache_for(fn.__code__).entries
+
+
+def test_changed_inputs_recompile_instead_of_running_stale_code():
+    def fn(x, alpha, mode="add"):
+        y = x * alpha
+        if mode == "add":
+            return y + 1
+        return y - 1
+
+    compiled = engine.compile(fn, backend="eager")
+    x = torch.randn(3)
+    for args in [(x, 0.5), (x, 2.0), (torch.randn(5), 2.0), (x.double(), 2.0), (x, 2.0, "sub"),
+                 (x.clone().requires_grad_(), 2.0)]:
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    assert len(entries_of(fn)) == 6
+    compiled(x, 0.5)  # a hit: no new entry
+    assert len(entries_of(fn)) == 6
+
+
+def test_globals_closures_and_object_attributes_are_guarded():
+    scale = [2.0]
+
+    class Cfg:
+        def __init__(self, k):
+            self.k = k
+
+    def make():
+        def fn(x, cfg):
+            return x * scale[0] * cfg.k
+        return fn
+
+    fn = make()
+    compiled = engine.compile(fn, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x, Cfg(3)), torch.full((2,), 6.0))
+    scale[0] = 5.0
+    torch.testing.assert_close(compiled(x, Cfg(3)), torch.full((2,), 15.0))
+    torch.testing.assert_close(compiled(x, Cfg(1)), torch.full((2,), 5.0))
+
+
+def test_grad_mode_is_part_of_the_global_state_guard():
+    compiled = engine.compile(lambda w: w * 2, backend="eager")
+    w = torch.randn(2, requires_grad=True)
+    assert compiled(w).requires_grad
+    with torch.no_grad():
+        assert not compiled(w).requires_grad
+
+
+def test_failing_guards_are_explained_in_words():
+    x = torch.randn(3, 3)
+    guards = [Guard("GLOBAL_STATE", "", global_state()), Guard("TENSOR_MATCH", "L['x']", TensorMeta.of(x)),
+              Guard("EQUALS_MATCH", "L['alpha']", 0.5), Guard("LENGTH_CHECK", "L['xs']", 2)]
+    compiled = compile_guards(guards)
+    assert compiled.check({"x": x, "alpha": 0.5, "xs": [1, 2]}, {})
+    L = {"x": torch.randn(4, 3), "alpha": 2.0, "xs": [1]}
+    assert not compiled.check(L, {})
+    assert compiled.failures(L, {}) == ["tensor 'L['x']' size mismatch at index 0. expected 3, actual 4",
+                                        "L['alpha'] == 0.5", "len(L['xs']) == 2"]
+    assert "def ___check_guards(L, G)" in compiled.code  # one generated function
+
+
+def test_guards_render_with_their_user_line():
+    def fn(x):
+        return x + 1
+
+    compiled = engine.compile(fn, backend="eager")
+    compiled(torch.randn(2))
+    [entry] = entries_of(fn)
+    text = render_guards(entry.guards.guards)
+    assert "TENSOR_MATCH: check_tensor(L['x'], Tensor, torch.float32" in text
+    assert "size=[2], stride=[1]" in text and "GLOBAL_STATE" in text
+
+
+def test_cache_size_limit_falls_back_to_eager_with_a_warning():
+    def fn(x, k):
+        return x * k
+
+    compiled = engine.compile(fn, backend="eager")
+    with engine.config.patch(cache_size_limit=2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(4):
+            torch.testing.assert_close(compiled(torch.ones(1), k), torch.full((1,), float(k)))
+    assert len(entries_of(fn)) == 2
+    assert any("cache_size_limit" in str(w.message) for w in caught)
+
+
+def test_reset_clears_every_cache():
+    compiled = engine.compile(lambda t: t + 1, backend="eager")
+    compiled(torch.ones(1))
+    assert runtime._CACHES
+    engine.reset()
+    assert not runtime._CACHES

@@ -1,0 +1,207 @@
+"""Dynamic shapes through engine.compile: automatic dynamic (dynamic=None), dynamic=True
+and False, mark_dynamic / mark_static, symbolic sizes inside graphs and in returned values.
+Every call is compared with eager."""
+
+import contextlib
+
+import pytest
+import torch
+
+import engine
+import observe
+from engine.capture import runtime
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    engine.reset()
+    yield
+    engine.reset()
+
+
+@contextlib.contextmanager
+def logs(*names):
+    """Collect what TORCH_LOGS=<names> would show, one string per event."""
+    out = []
+
+    def sink(e):
+        if e.name == "log":
+            out.append(e.metadata["msg"] % e.metadata["args"])
+        else:
+            out.append(e.payload_fn() if e.payload_fn else str(e.metadata))
+
+    observe.subscribe(sink, logs=list(names))
+    try:
+        yield out
+    finally:
+        observe.unsubscribe(sink)
+
+
+def entries(fn):
+    return runtime.cache_for(fn.__code__).entries
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        return torch.allclose(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def batch_norm(x, w):
+    h = torch.relu(x @ w)
+    return h / h.shape[0], torch.cat([h, h], 0).shape
+
+
+def test_automatic_dynamic_recompiles_once_then_serves_every_size():
+    f = engine.compile(batch_norm, backend="eager")
+    w = torch.randn(8, 4)
+    with logs("dynamic", "recompiles") as lines:
+        for n in (3, 5, 9, 2, 17):
+            x = torch.randn(n, 8)
+            assert same(f(x, w), batch_norm(x, w))
+    assert len(entries(batch_norm)) == 2
+    text = "\n".join(lines)
+    assert "tensor 'L['x']' size mismatch at index 0. expected 3, actual 5" in text
+    assert "create_symbol s0 = 5 for L['x'].size()[0] [2, int_oo]" in text
+    assert text.count("Recompiling function batch_norm") == 1
+
+
+def test_the_symbolic_graph_takes_the_size_as_an_input():
+    f = engine.compile(batch_norm, backend="eager")
+    w = torch.randn(8, 4)
+    f(torch.randn(3, 8), w)
+    with logs("graph_code") as lines:
+        f(torch.randn(4, 8), w)
+    assert 'L_x_size_0_: "Sym(s0)"' in lines[0] and '"f32[s0, 8][8, 1]cpu"' in lines[0]
+
+
+def view_by_batch(x):
+    b = x.shape[0]
+    h = x.view(b, 2, 3).sum(-1)
+    return h * b, x.mean(0), b
+
+
+def test_dynamic_true_is_symbolic_up_front_and_returns_python_ints():
+    f = engine.compile(view_by_batch, backend="eager", dynamic=True)
+    for n in (4, 7, 16):
+        x = torch.randn(n, 6)
+        out = f(x)
+        assert same(out, view_by_batch(x)) and type(out[2]) is int
+    assert len(entries(view_by_batch)) == 1
+
+
+def test_dynamic_true_still_specializes_size_one():
+    f = engine.compile(view_by_batch, backend="eager", dynamic=True)
+    f(torch.randn(4, 6))
+    x = torch.randn(1, 6)
+    assert same(f(x), view_by_batch(x))
+    assert len(entries(view_by_batch)) == 2      # the [2, oo] range excludes 1
+
+
+def test_dynamic_false_compiles_every_size():
+    f = engine.compile(view_by_batch, backend="eager", dynamic=False)
+    for n in (4, 7, 16):
+        x = torch.randn(n, 6)
+        assert same(f(x), view_by_batch(x))
+    assert len(entries(view_by_batch)) == 3
+
+
+def double(x):
+    return x * 2
+
+
+def test_mark_dynamic_makes_the_first_compile_symbolic():
+    f = engine.compile(double, backend="eager")
+    x = torch.randn(5, 3)
+    engine.mark_dynamic(x, 0)
+    with logs("guards") as lines:
+        f(x)
+    assert "size=[None, 3]" in lines[0]
+    assert "2 <= L['x'].size()[0]" in lines[0]
+    y = torch.randn(11, 3)
+    assert same(f(y), double(y)) and len(entries(double)) == 1
+
+
+def test_mark_static_keeps_a_dim_static_under_dynamic_true():
+    f = engine.compile(double, backend="eager", dynamic=True)
+    x = torch.randn(5, 3)
+    engine.mark_static(x, 0)
+    with logs("guards") as lines:
+        f(x)
+    assert "size=[5, None]" in lines[0]
+
+
+def branch_on_sizes(x, y):
+    if x.shape[0] > y.shape[0]:
+        return x[: y.shape[0]] + y
+    return x + y[: x.shape[0]]
+
+
+def test_branches_on_sizes_are_guarded_in_user_terms():
+    f = engine.compile(branch_on_sizes, backend="eager", dynamic=True)
+    with logs("guards") as lines:
+        a, b = torch.randn(6), torch.randn(4)
+        assert same(f(a, b), branch_on_sizes(a, b))
+    assert "L['x'].size()[0] > L['y'].size()[0]" in lines[0]
+    a, b = torch.randn(9), torch.randn(3)                   # same branch: no recompile
+    assert same(f(a, b), branch_on_sizes(a, b)) and len(entries(branch_on_sizes)) == 1
+    a, b = torch.randn(3), torch.randn(9)                   # other branch: recompile, right answer
+    assert same(f(a, b), branch_on_sizes(a, b)) and len(entries(branch_on_sizes)) == 2
+
+
+def add(x, y):
+    return x + y
+
+
+def test_duck_sizing_guard_relates_two_inputs():
+    f = engine.compile(add, backend="eager", dynamic=True)
+    with logs("guards") as lines:
+        f(torch.randn(4), torch.randn(4))
+    assert "+- LAMBDA_GUARD: L['y'].size()[0] == L['x'].size()[0]" in lines[0]
+    x, y = torch.randn(7), torch.randn(7)
+    assert same(f(x, y), add(x, y)) and len(entries(add)) == 1
+
+
+def loop_over_rows(x):
+    acc = x[0]
+    for i in range(1, x.shape[0]):      # range() needs a real int: the size specializes
+        acc = acc + x[i]
+    return acc
+
+
+def test_sizes_needed_as_python_ints_specialize_and_stay_correct():
+    f = engine.compile(loop_over_rows, backend="eager", dynamic=True)
+    for n in (3, 5, 3):
+        x = torch.randn(n, 2)
+        assert same(f(x), loop_over_rows(x))
+    assert len(entries(loop_over_rows)) == 2
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x).sum(0)
+
+
+def test_parameters_stay_static_while_the_batch_goes_dynamic():
+    net = Net()
+    f = engine.compile(net, backend="eager")
+    with logs("guards") as lines:
+        for n in (2, 3, 5):
+            x = torch.randn(n, 4)
+            assert same(f(x), net(x))
+    tree = lines[-1]
+    assert "size=[None, 4]" in tree and "size=[3, 4], stride=[4, 1]" in tree
+
+
+def test_transposed_input_with_equal_sizes_does_not_hit_a_contiguous_entry():
+    f = engine.compile(double, backend="eager", dynamic=True)
+    f(torch.randn(3, 5))
+    x = torch.randn(5, 3).t()
+    assert same(f(x), double(x))
+    assert len(entries(double)) == 2

@@ -1,0 +1,80 @@
+"""End to end: a user's program compiled by our engine with TORCH_TRACE set, then its
+report. The graph break, the resume function it caused and the recompiles must all be
+on the front page, linked to their compile pages."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from test_tlparse_fixtures import check_links
+from tlparse.cli import main
+
+PROGRAM = textwrap.dedent('''
+    import torch
+    import engine
+
+    @engine.compile(backend="eager")
+    def f(x):
+        y = x.sin()
+        print("hello from f")
+        return y.cos() + 1
+
+    @engine.compile(backend="eager")
+    def g(x, c):
+        return x * c
+
+    x = torch.randn(4)
+    f(x)
+    for i in range(3):
+        g(x, 0.5 + i)
+''')
+
+
+@pytest.fixture(scope="module")
+def engine_report(tmp_path_factory):
+    pytest.importorskip("engine")
+    import engine
+    if not hasattr(engine, "compile"):
+        pytest.skip("engine.compile not available")
+    root = tmp_path_factory.mktemp("engine")
+    (root / "prog.py").write_text(PROGRAM)
+    env = {**os.environ, "TORCH_TRACE": str(root / "trace")}
+    env.pop("TORCH_LOGS", None)
+    proc = subprocess.run([sys.executable, str(root / "prog.py")], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = root / "report"
+    assert main([str(root / "trace"), "-o", str(out), "--no-browser", "--strict"]) == 0
+    return root, out
+
+
+def test_graph_break_and_its_resume_function(engine_report):
+    root, out = engine_report
+    index = (out / "index.html").read_text()
+    breaks = index.split('id="breaks"')[1].split('id="recompiles"')[0]
+    assert breaks.count('<b id="break-') == 1
+    assert f"{root}/prog.py:8" in breaks and "print(&quot;hello from f&quot;)" in breaks
+    assert "[0/0]" in breaks and "resumed" in breaks    # the resume function it caused is linked
+    directory = json.loads((out / "compile_directory.json").read_text())
+    assert directory["[0/0]"]["status"] == "break"
+    names = {a["name"] for a in directory["[0/0]"]["artifacts"]}
+    assert "dynamo_output_graph" in names and "dynamo_cpp_guards_str" in names
+    assert any(n.endswith("_MODIFIED_BYTECODE") for n in names)
+
+
+def test_recompiles_name_the_failing_guard(engine_report):
+    _, out = engine_report
+    recompiles = (out / "index.html").read_text().split('id="recompiles"')[1].split('id="failures"')[0]
+    assert "g <span class=muted>" in recompiles and "3 compiles" in recompiles
+    assert "L[&#x27;c&#x27;] == 0.5" in recompiles
+
+
+def test_engine_report_pages_link(engine_report):
+    _, out = engine_report
+    check_links(out)
+    timeline = json.loads((out / "chromium_events.json").read_text())
+    assert any(e["name"] == "entire_frame_compile" for e in timeline)

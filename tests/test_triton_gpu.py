@@ -1,0 +1,140 @@
+"""The Triton backend on a real GPU: engine.compile on CUDA tensors runs Triton kernels
+with eager's results, for the benchmark's models at small sizes, inference and training,
+long rows (looped reductions), dynamic sizes, GPU-only math (libdevice) and max-autotune.
+Run with `pytest -m gpu tests/test_triton_gpu.py` on a machine with an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "bench"))
+
+import engine  # noqa: E402
+import observe  # noqa: E402
+
+F = torch.nn.functional
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    engine.reset()
+    yield
+    engine.reset()
+
+
+class Kernels:
+    """Collects the kernel_code events of a compile."""
+
+    def __enter__(self):
+        self.sources = []
+        self.hints = []
+        observe.subscribe(self, events=["artifact"])
+        return self
+
+    def __call__(self, ev):
+        if ev.metadata.get("name") == "kernel_code":
+            self.sources.append(ev.payload())
+        elif ev.metadata.get("name") == "perf_hints":
+            self.hints.append(ev.payload())
+
+    def __exit__(self, *exc):
+        observe.unsubscribe(self)
+
+
+def assert_close(got, want, tol):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, equal_nan=True)
+
+
+def check(fn, *inputs, tol=1e-5, **compile_kw):
+    with Kernels() as k:
+        got = engine.compile(fn, **compile_kw)(*inputs)
+    want = fn(*inputs)
+    for g, w in zip(got if isinstance(got, (tuple, list)) else [got], want if isinstance(want, (tuple, list)) else [want]):
+        assert_close(g, w, tol)
+    assert k.sources and all("@triton.jit" in s for s in k.sources), k.hints
+    assert not any("uncompiled" in h for h in k.hints), k.hints
+    return k
+
+
+def test_benchmark_functions_small():
+    from bench_gpu import layernorm_gelu, pointwise_chain, rmsnorm, softmax
+    x, y = torch.randn(1000, 37, device=DEV), torch.randn(1000, 37, device=DEV)
+    check(pointwise_chain, x, y)
+    xb = torch.randn(64, 384, device=DEV, dtype=torch.bfloat16)
+    wb, bb = torch.randn(384, device=DEV, dtype=torch.bfloat16), torch.randn(384, device=DEV, dtype=torch.bfloat16)
+    check(layernorm_gelu, xb, wb, bb, tol=3e-2)
+    check(softmax, xb, tol=1e-2)
+    check(rmsnorm, xb, wb, tol=3e-2)
+
+
+def test_long_rows_loop_and_columns_reduce():
+    x = torch.randn(3, 20000, device=DEV)
+    k = check(lambda t: torch.softmax(t, -1), x, tol=1e-6)
+    assert any("for roffset" in s for s in k.sources)
+    check(lambda t: t.sum(0), torch.randn(5000, 77, device=DEV), tol=1e-3)
+    check(lambda t: (t.argmax(-1), t.amax(0)), torch.randn(33, 9000, device=DEV))
+    check(lambda t: t.sum(), torch.randn(100000, device=DEV), tol=1e-2)
+
+
+def test_libdevice_math_and_integers():
+    x = torch.randn(4099, device=DEV)
+    check(lambda t: (t.tanh(), t.erfc(), torch.pow(t.abs() + 1, t), t.expm1(), t.log1p().nan_to_num(), t.round(),
+                     torch.atan2(t, t + 1)), x)
+    a = torch.randint(-100, 100, (999,), device=DEV)
+    b = torch.randint(1, 9, (999,), device=DEV)
+    check(lambda p, q: (p // q, p % q, p * q + 3), a, b)
+
+
+def test_mlp_and_transformer_block_inference():
+    from bench_gpu import MLP, Block
+    m = MLP(64, 256).to(DEV, torch.bfloat16)
+    x = torch.randn(48, 64, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        check(m, x, tol=5e-2)
+    blk = Block(128, 4).to(DEV, torch.bfloat16).eval()
+    x = torch.randn(2, 64, 128, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        check(blk, x, tol=6e-2)
+
+
+def test_transformer_block_training_step_grads_match():
+    from bench_gpu import Block
+    torch.manual_seed(0)
+    blk = Block(64, 4).to(DEV)
+    ref = Block(64, 4).to(DEV)
+    ref.load_state_dict(blk.state_dict())
+    x = torch.randn(2, 32, 64, device=DEV)
+    with Kernels() as k:
+        out = engine.compile(blk)(x)
+        out.square().mean().backward()
+    want = ref(x)
+    want.square().mean().backward()
+    assert_close(out, want, 1e-4)
+    for (n, p), q in zip(blk.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=lambda m: f"{n}: {m}")
+    assert len(k.sources) >= 4
+
+
+def test_dynamic_sizes_one_compile_many_shapes():
+    fn = engine.compile(lambda t, w: F.layer_norm(t, (t.shape[-1],), w) * 2, dynamic=True)
+    for rows, cols in ((8, 96), (13, 300), (5, 5000)):
+        x, w = torch.randn(rows, cols, device=DEV), torch.randn(cols, device=DEV)
+        assert_close(fn(x, w), F.layer_norm(x, (cols,), w) * 2, 1e-4)
+
+
+def test_max_autotune_caches_configs_on_disk(tmp_path):
+    from engine import config
+    with config.patch(cache_dir=str(tmp_path)):
+        check(lambda t: torch.softmax(t * 2, -1), torch.randn(256, 1000, device=DEV), tol=1e-5, mode="max-autotune")
+    files = glob.glob(str(tmp_path / "triton" / "autotune" / "*.json"))
+    assert files, os.listdir(tmp_path)

@@ -1,0 +1,237 @@
+"""The Triton emitter, checked without a GPU: graphs are compiled to Triton kernels for
+CPU tensors and run under Triton's interpreter (engine.config.triton_interpret; the
+interpreter is switched on only while our kernel modules load, so other tests see a
+normal triton). Every result is compared with eager. Shapes are small: the interpreter
+runs each program in numpy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+pytest.importorskip("triton")
+
+import observe  # noqa: E402
+from engine import config  # noqa: E402
+from engine.codegen import decomposition_table  # noqa: E402
+from engine.codegen.triton import compile_fx_triton  # noqa: E402
+from engine.codegen.triton.heuristics import Shape, candidates, heuristic  # noqa: E402
+
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def interpret():
+    with config.patch(triton_interpret=True):
+        yield
+
+
+def compile_triton(fn, *inputs, symbolic=False):
+    gm = make_fx(fn, decomposition_table=decomposition_table(),
+                 tracing_mode="symbolic" if symbolic else "real")(*inputs)
+    example = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"] if symbolic else list(inputs)
+    return compile_fx_triton(gm, example)
+
+
+def check(fn, *inputs, rtol=1e-5, atol=1e-5, symbolic=False, runs=None):
+    """Compile fn through the Triton emitter, run it (on `runs` input sets too), compare with eager."""
+    compiled = compile_triton(fn, *inputs, symbolic=symbolic)
+    assert compiled.fallback_reason is None, compiled.fallback_reason
+    assert compiled.n_kernels >= 1
+    for args in [inputs] + list(runs or []):
+        got = pytree.tree_leaves(compiled(*args))
+        want = pytree.tree_leaves(fn(*args))
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
+            if w.dtype.is_floating_point:
+                torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"output {i}: {m}")
+            else:
+                assert torch.equal(g, w), (i, g, w)
+    return compiled
+
+
+def kernels_of(compiled) -> str:
+    return compiled.artifacts["triton_kernels.py"]
+
+
+# -- pointwise -------------------------------------------------------------------------
+def test_pointwise_chain_is_one_kernel():
+    def f(x, y):
+        return torch.sigmoid(torch.tanh(x * 2 + y) - 0.5).relu() * x.exp()
+
+    c = check(f, torch.randn(37, 53), torch.randn(37, 53), atol=1e-5)
+    assert c.n_kernels == 1
+    src = kernels_of(c)
+    # contiguous operands are indexed by the flat block index (vectorizable loads)
+    assert "tl.load(p_arg0 + xindex, xmask" in src
+
+
+def test_broadcasting_and_scalars():
+    def f(x, row, col):
+        return (x - row) / (col + 3.0) + torch.where(x > 0, 1.0, -2.0)
+
+    check(f, torch.randn(37, 53), torch.randn(53), torch.rand(37, 1))
+
+
+def test_non_contiguous_and_sliced_inputs():
+    def f(x, y):
+        return x.t() * 2 + y[:, 1::2]
+
+    x = torch.randn(53, 37)
+    y = torch.randn(37, 106)
+    check(f, x, y)
+    check(lambda a: (a + 1).sin(), torch.randn(20, 30).t())
+
+
+def test_integer_and_bool_ops_follow_python_rounding():
+    def f(a, b):
+        return a // b, a % b, (a > 0) & (b > 2), torch.bitwise_xor(a, b)
+
+    a = torch.randint(-50, 50, (37,))
+    b = torch.randint(1, 7, (37,)) * torch.where(torch.rand(37) > 0.5, 1, -1)
+    check(f, a, b)
+
+
+def test_cat_and_pad_use_masked_loads():
+    def f(x, y):
+        return torch.cat([x, y * 2], dim=1), F.pad(x, (2, 3), value=-1.0)
+
+    check(f, torch.randn(9, 13), torch.randn(9, 7))
+
+
+# -- reductions ------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "mean", "var"])
+def test_last_dim_reductions(op):
+    x = torch.randn(37, 53)
+    x[3, 7] = float("nan") if op in ("amax", "amin") else x[3, 7]
+    fn = {"sum": lambda t: t.sum(-1), "amax": lambda t: t.amax(-1), "amin": lambda t: t.amin(-1),
+          "mean": lambda t: t.mean(-1, keepdim=True), "var": lambda t: t.var(-1)}[op]
+    check(fn, x, rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_over_leading_and_several_dims():
+    x = torch.randn(11, 13, 17)
+    check(lambda t: t.sum(0), x, rtol=1e-4, atol=1e-5)
+    check(lambda t: t.amax(1), x)
+    check(lambda t: t.sum((0, 2)), x, rtol=1e-4, atol=1e-4)
+    check(lambda t: t.sum(), x, rtol=1e-4, atol=1e-4)
+
+
+def test_argmax_and_bool_reductions():
+    x = torch.randn(9, 33)
+    x[2, 5] = x[2, 20] = 10.0          # ties: first index
+    check(lambda t: (t.argmax(-1), t.argmin(0)), x)
+    check(lambda t: ((t > 1).any(-1), (t > -3).all(-1)), x)
+
+
+def test_softmax_reads_its_input_once():
+    c = check(lambda t: torch.softmax(t, -1), torch.randn(37, 53))
+    src = kernels_of(c)
+    assert c.n_kernels == 1
+    body = src[src.index("def kernel0"):]
+    assert body.count("tl.load(") == 1, body          # persistent: the row stays in registers
+    assert body.count("tl.store(") == 1, body         # exp() is not written back
+
+
+def test_looped_reduction_when_the_row_is_long(monkeypatch):
+    from engine.codegen.triton import kernel
+    monkeypatch.setattr(kernel, "PERSISTENT_MAX", 16)
+    c = check(lambda t: torch.softmax(t * 2, -1), torch.randn(5, 100), rtol=1e-5, atol=1e-6)
+    assert "for roffset in range(0, 100, RBLOCK)" in kernels_of(c)
+    c = check(lambda t: t.sum(0), torch.randn(300, 6), rtol=1e-4, atol=1e-4)
+    check(lambda t: t.argmax(-1), torch.randn(4, 70))
+
+
+def test_layernorm_and_rmsnorm():
+    def ln(x, w, b):
+        return F.gelu(F.layer_norm(x, (53,), w, b))
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x = torch.randn(37, 53)
+    check(ln, x, torch.randn(53), torch.randn(53), rtol=1e-4, atol=1e-5)
+    check(rms, x, torch.randn(53), rtol=1e-4, atol=1e-5)
+
+
+# -- dtypes ------------------------------------------------------------------------------
+def test_bf16_computes_in_fp32_and_stores_bf16():
+    def f(x, w, b):
+        return F.layer_norm(x, (64,), w, b), torch.softmax(x, -1), (x * 3 + 1).sigmoid()
+
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    b = torch.randn(64, dtype=torch.bfloat16)
+    c = check(f, x, w, b, rtol=2e-2, atol=2e-2)
+    assert ".to(tl.float32)" in kernels_of(c) and ".to(tl.bfloat16)" in kernels_of(c)
+
+
+def test_fp16_and_float64():
+    check(lambda t: (t * t).sum(-1), torch.randn(8, 33, dtype=torch.float16), rtol=1e-2, atol=1e-2)
+    check(lambda t: torch.softmax(t, 0), torch.randn(8, 33, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+# -- matmul epilogue ---------------------------------------------------------------------
+def test_matmul_stays_aten_with_a_fused_epilogue():
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b)) * 2
+
+    c = check(f, torch.randn(12, 20), torch.randn(24, 20), torch.randn(24), rtol=1e-4, atol=1e-5)
+    assert c.n_externs == 1 and c.n_kernels == 1
+    assert "aten.mm" in c.source or "aten.addmm" in c.source
+
+
+# -- dynamic sizes -------------------------------------------------------------------------
+def test_dynamic_sizes_are_kernel_arguments():
+    def f(x, y):
+        return torch.softmax(x, -1) + y.sum(-1, keepdim=True)
+
+    x, y = torch.randn(6, 10), torch.randn(6, 7)
+    c = check(f, x, y, symbolic=True, runs=[(torch.randn(9, 13), torch.randn(9, 5))])
+    src = kernels_of(c)
+    assert "for roffset in range(" in src     # a dynamic row loops
+    assert "xnumel=s" in c.source or "xnumel=(s" in c.source
+
+
+# -- what the tools show -------------------------------------------------------------------
+def test_kernel_code_and_output_code_events():
+    seen = []
+    fn = observe.subscribe(seen.append, events=["artifact", "inductor_output_code"])
+    try:
+        compile_triton(lambda t: torch.softmax(t, -1), torch.randn(4, 8))
+    finally:
+        observe.unsubscribe(fn)
+    kernel_events = [e for e in seen if e.name == "artifact" and e.metadata.get("name") == "kernel_code"]
+    assert kernel_events and "@triton.jit" in kernel_events[0].payload()
+    assert kernel_events[0].metadata["kernel"] == "kernel0"
+    out = [e for e in seen if e.name == "inductor_output_code"]
+    assert out and "def call(args):" in out[0].payload() and "Launcher(" in out[0].payload()
+
+
+def test_unsupported_op_in_interpreter_falls_back_to_aten():
+    # pow with a tensor exponent needs libdevice, which the CPU interpreter lacks
+    c = compile_triton(lambda a, b: torch.pow(a.abs() + 1, b), torch.rand(5), torch.rand(5))
+    assert c.fallback_reason is not None and "libdevice" in c.fallback_reason
+    a, b = torch.rand(5), torch.rand(5)
+    torch.testing.assert_close(c(a, b), torch.pow(a.abs() + 1, b))
+
+
+# -- heuristics ----------------------------------------------------------------------------
+def test_heuristics_per_kernel_shape():
+    pw = heuristic(Shape("pointwise", False, 64 << 20, 1, False))
+    assert pw.XBLOCK == 1024 and pw.num_warps == 4
+    assert heuristic(Shape("pointwise", False, 37, 1, False)).XBLOCK == 64
+    row = heuristic(Shape("reduction", True, 8192, 4096, False))
+    assert (row.XBLOCK, row.RBLOCK, row.num_warps) == (1, 4096, 8)
+    small = heuristic(Shape("reduction", True, 1000, 53, False))
+    assert small.RBLOCK == 64 and small.XBLOCK > 1
+    looped = heuristic(Shape("reduction", False, 8, 100000, False))
+    assert looped.XBLOCK == 1 and looped.RBLOCK == 2048
+    cols = heuristic(Shape("reduction", False, 4096, 8192, True))
+    assert cols.XBLOCK == 64
+    for s in (Shape("pointwise", False, 1 << 20, 1, False), Shape("reduction", True, 4096, 4096, False)):
+        cands = candidates(s)
+        assert heuristic(s) == cands[0] and len(cands) > 3 and len(set(cands)) == len(cands)
