@@ -42,11 +42,12 @@ def _options(backend, fullgraph, dynamic, mode, options):
 
 
 def _with_inductor_options(fn, mode, options):
+    takes = inspect.signature(fn).parameters
+    if "mode" not in takes and "options" not in takes:
+        return fn
+
     def backend(gm, example_inputs):
-        try:
-            return fn(gm, example_inputs, mode=mode, options=options)
-        except TypeError:
-            return fn(gm, example_inputs)
+        return fn(gm, example_inputs, mode=mode, options=options)
     backend.__name__ = getattr(fn, "__name__", "inductor")
     return backend
 
@@ -127,9 +128,10 @@ def compile(fn=None, *, backend="inductor", fullgraph: bool = False, dynamic: Op
 
 def reset() -> None:
     """Forget every compiled frame, cache entry and counter."""
-    from .capture import interpreter, resume, runtime
+    from .capture import convert_frame, interpreter, resume, runtime
 
     runtime.reset()
+    convert_frame._compiled_fn_counter[0] = 0
     interpreter._code_cache.clear()
     resume.clear_cache()
     from . import shapes
@@ -175,12 +177,17 @@ def disallow_in_graph(fn):
 
 
 def mark_dynamic(t: torch.Tensor, index, min=None, max=None) -> None:
-    """Record that dimension(s) `index` of `t` should be dynamic. Recorded only: shapes are
-    specialized (recompiled per shape) until the dynamic-shapes work lands, which is
-    always correct."""
+    """Make dimension(s) `index` of `t` symbolic from the first compile on (engine/shapes),
+    optionally within [min, max] (a call outside the range recompiles). Sizes 0 and 1
+    still specialize."""
+    indices = index if isinstance(index, (list, tuple)) else [index]
     dims = set(getattr(t, "_dynamo_dynamic_indices", set()))
-    dims.update(index if isinstance(index, (list, tuple)) else [index])
+    dims.update(indices)
     t._dynamo_dynamic_indices = dims
+    if min is not None or max is not None:
+        ranges = dict(getattr(t, "_engine_dynamic_ranges", {}))
+        ranges.update({d: (min, max) for d in indices})
+        t._engine_dynamic_ranges = ranges
 
 
 def mark_static(t, index=None) -> None:

@@ -1,7 +1,7 @@
 """observe: the log bus and its sinks (logs, trace, profiler, metrics).
 
-Depends on nothing else in this repository. Importing it reads TORCH_LOGS and
-TORCH_TRACE."""
+Depends on nothing else in this repository. Importing it reads TORCH_LOGS,
+TORCH_TRACE and TORCH_COMPILE_DYNAMO_PROFILER."""
 
 import os
 

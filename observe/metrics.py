@@ -37,6 +37,10 @@ class FunctionKey:
     def __str__(self) -> str:
         return f"{self.name} ({_short(self.filename)}:{self.lineno})"
 
+    @property
+    def pstats_key(self) -> tuple:
+        return (self.filename, self.lineno, self.name)
+
 
 @dataclasses.dataclass
 class CompileRecord:
@@ -118,7 +122,7 @@ class MetricsSink:
             elif event.name == "dynamo_start":
                 self._retire(event.compile_id)
                 record = self._record(event)
-                frame = _last_frame(md.get("stack"))
+                frame = compiled_function(md.get("stack"))
                 if record is not None and frame is not None and record.function is None:
                     record.function = frame
             elif event.name == "compilation_metrics":
@@ -219,8 +223,8 @@ class MetricsSink:
         return out
 
 
-def _last_frame(stack) -> Optional[FunctionKey]:
-    """The compiled function is the innermost frame of dynamo_start's stack."""
+def compiled_function(stack) -> Optional[FunctionKey]:
+    """The function a compile traces: the innermost frame of dynamo_start's stack."""
     if not isinstance(stack, list) or not stack:
         return None
     frame = stack[-1]

@@ -30,6 +30,7 @@ import time
 from typing import IO, Optional
 
 from . import bus
+from .metrics import compiled_function
 from .tables import format_table, render_rich_table, wants_color, write
 
 Key = tuple  # (filename, lineno, funcname), pstats' function key
@@ -112,9 +113,9 @@ class ProfilerSink:
             elif event.name == "stage_end":
                 self._end(event)
             else:  # dynamo_start names the function this compile traces
-                key = _frame_key(event.metadata.get("stack"))
-                if key is not None and event.compile_id is not None:
-                    self.roots[_frame_compile(event.compile_id)] = key
+                fn = compiled_function(event.metadata.get("stack"))
+                if fn is not None and event.compile_id is not None:
+                    self.roots[_frame_compile(event.compile_id)] = fn.pstats_key
         finally:
             self.events += 1
             self.overhead_ns += time.perf_counter_ns() - t0
@@ -267,6 +268,10 @@ class ProfilerSink:
         """At exit: write the .prof (if a path was given) or print the table."""
         self.stop()
         stream = stream or sys.stdout
+        if not self.timings:
+            print("observe: TORCH_COMPILE_DYNAMO_PROFILER is set but nothing was compiled; no compile profile.",
+                  file=sys.stderr)
+            return
         if self.output:
             try:
                 self.dump(self.output)
@@ -276,8 +281,6 @@ class ProfilerSink:
             print(f"observe: compile profile written to {self.output} ({len(self.timings)} calls timed, "
                   f"profiler overhead {self.overhead_ns / 1e6:.2f} ms); open it with: snakeviz {self.output}",
                   file=sys.stderr)
-            return
-        if not self.timings:
             return
         write(self.report(color=wants_color(stream)), stream)
 
@@ -289,14 +292,6 @@ def _frame_compile(compile_id) -> tuple:
 
 def _calls(row: Row) -> str:
     return str(row.calls) if row.calls == row.primitive_calls else f"{row.calls}/{row.primitive_calls}"
-
-
-def _frame_key(stack) -> Optional[Key]:
-    if not isinstance(stack, list) or not stack or not isinstance(stack[-1], dict):
-        return None
-    frame = stack[-1]
-    return (str(frame.get("filename", "")), int(frame.get("line") or frame.get("lineno") or 0),
-            str(frame.get("name", "?")))
 
 
 SINK: Optional[ProfilerSink] = None

@@ -42,6 +42,8 @@ ARTIFACTS = [
     LogName("schedule", "artifact", "Scheduling decisions: node order, buffer reuse, in-place updates.", channel="inductor"),
     LogName("fusion", "artifact", "Each fusion attempted, made or refused, with the reason.", channel="inductor"),
     LogName("perf_hints", "artifact", "What kept the generated code from a faster plan (extern fallbacks, ...).", channel="inductor"),
+    LogName("ir_pre_fusion", "artifact", "The loop-level IR of each graph before fusion.", channel="inductor"),
+    LogName("ir_post_fusion", "artifact", "The fused kernels of each graph: loops, phases, stored buffers.", channel="inductor"),
     LogName("compiled_autograd", "artifact", "Compiled autograd graphs (not implemented by this engine).", off_by_default=True),
 ]
 

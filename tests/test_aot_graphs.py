@@ -131,3 +131,35 @@ def test_unsupported_input_metadata_mutation_runs_eagerly_and_says_why(events):
     assert a.shape == b.shape == (3, 2)
     lines = [e.metadata["msg"] % e.metadata["args"] for e in named(events, "log")]
     assert any("runs eagerly" in ln and "mutated" in ln for ln in lines)
+
+
+def test_forward_and_backward_aten_nodes_carry_the_user_source_line(events):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return torch.tanh(x @ self.w).sum()          # the line both graphs point at
+
+    gm = torch.fx.symbolic_trace(Net())
+    for node in gm.graph.nodes:                         # what capture records on each node
+        if node.op == "call_function" or node.op == "call_method":
+            node.meta["stack_trace"] = '  File "net.py", line 7, in forward\n    return torch.tanh(x @ self.w).sum()\n'
+    aot_eager(gm, [torch.randn(2, 4)])
+    (fw,) = named(events, "aot_forward_graph")
+    (bw,) = named(events, "aot_backward_graph")
+    for event in (fw, bw):
+        assert "code: return torch.tanh(x @ self.w).sum()" in event.payload()
+
+
+def test_a_call_that_needs_new_graphs_says_what_changed(events):
+    compiled = aot_eager(torch.fx.symbolic_trace(torch.nn.Linear(4, 2)), [torch.randn(3, 4)])
+    compiled(torch.randn(5, 4))
+    with torch.no_grad():
+        compiled(torch.randn(5, 4))
+    lines = [e.metadata["msg"] % e.metadata["args"] for e in named(events, "log") if "again" in e.metadata["msg"]]
+    assert lines == ["compiling again for new inputs: input 0: shape (3, 4) -> (5, 4)",
+                     "compiling again for new inputs: grad mode True -> False"]
+    later = [e for e in named(events, "aot_inference_graph")]
+    assert len(later) == 1

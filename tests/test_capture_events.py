@@ -36,8 +36,11 @@ def test_a_graph_break_compile_reports_like_pytorch(events, capsys):
     names = [e.name for e in events]
     starts = [e for e in events if e.name == "dynamo_start"]
     assert len(starts) == 2  # the function and its resume function
-    assert starts[0].metadata["stack"] == [{"line": program.__code__.co_firstlineno, "name": "program",
-                                            "filename": __file__}]
+    assert starts[0].metadata["stack"][-1] == {"line": program.__code__.co_firstlineno, "name": "program",
+                                               "filename": __file__}
+    caller = starts[0].metadata["stack"][-2]  # the user's frame that made the call, as PyTorch shows it
+    assert caller["name"] == "test_a_graph_break_compile_reports_like_pytorch" and "engine.compile" in caller["loc"]
+    assert starts[1].metadata["stack"][-1]["line"] == program.__code__.co_firstlineno + 2  # resumes after print
     assert [str(e.compile_id) for e in starts] == ["0/0", "1/0"]
 
     graphs = [e for e in events if e.name == "dynamo_output_graph"]

@@ -102,3 +102,19 @@ def test_debug_files_for_torch_compile_debug():
     assert set(files) == {"fx_graph_transformed.py", "ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py"}
     assert "Pointwise(ranges=[8, 32])" in files["ir_pre_fusion.txt"]
     assert "kernel0" in files["ir_post_fusion.txt"]
+
+
+def test_attention_kernels_with_different_loop_nests_keep_their_own_index_math():
+    # regression: kernels share loop-variable names (x0, r0, ...); each index expression
+    # must be simplified against its own kernel's ranges, not the last kernel built
+    import math
+    b, t, d, heads = 2, 5, 16, 4
+
+    def attention(x, w1, b1, w2, b2):
+        q, k, v = F.linear(x, w1, b1).chunk(3, dim=-1)
+        q, k, v = (z.view(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(d // heads)
+        att = att.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1), float("-inf")).softmax(-1)
+        return F.linear((att @ v).transpose(1, 2).reshape(b, t, d), w2, b2)
+    check(attention, torch.randn(b, t, d), torch.randn(3 * d, d), torch.randn(3 * d), torch.randn(d, d),
+          torch.randn(d), rtol=1e-4, atol=1e-4)

@@ -121,12 +121,17 @@ def test_later_stages_files_come_from_their_events(sink, tmp_path):
         observe.emit("artifact", {"name": "ir_pre_fusion", "encoding": "string"}, lambda: "buf0: SchedulerNode")
         observe.emit("artifact", {"name": "ir_post_fusion", "encoding": "string"}, lambda: "buf0_buf1: FusedNode")
         observe.emit("inductor_output_code", {"filename": "/c/x.py"}, lambda: "# forward kernel")
-        observe.emit("inductor_output_code", {"filename": "/c/y.py"}, lambda: "# backward kernel")
+        observe.emit("inductor_output_code", {"filename": "/c/y.py"}, lambda: "# another graph")
+        with observe.stage("aot_compile_backward"):   # codegen of the backward graph
+            observe.emit("artifact", {"name": "ir_pre_fusion", "encoding": "string"}, lambda: "bwd ir")
+            observe.emit("inductor_output_code", {"filename": "/c/z.py"}, lambda: "# backward kernel")
     folder = os.path.join(only_run_dir(tmp_path), "step__4_0")
     assert sorted(os.listdir(folder)) == [
         "aot_backward_graph.py", "aot_forward_graph.py", "fx_graph_readable.py", "fx_graph_transformed.py",
-        "ir_post_fusion.txt", "ir_pre_fusion.txt", "output_code.py", "output_code_1.py"]
+        "ir_post_fusion.txt", "ir_pre_fusion.txt", "ir_pre_fusion_backward.txt", "output_code.py",
+        "output_code_1.py", "output_code_backward.py"]
     assert open(os.path.join(folder, "output_code.py")).read() == "# forward kernel\n"
+    assert open(os.path.join(folder, "output_code_backward.py")).read() == "# backward kernel\n"
     assert open(os.path.join(folder, "ir_post_fusion.txt")).read() == "buf0_buf1: FusedNode\n"
 
 
@@ -136,6 +141,8 @@ def test_nothing_is_written_while_compile_debug_is_off(tmp_path):
         with engine.config.patch(compile_debug=False):
             compile_graph(toy_example, [torch.randn(3), torch.randn(3)], frame_id=5)
         assert os.listdir(tmp_path) == []
+        # off, it does not even ask for graph payloads: only dynamo_start reaches it
+        assert s.on_event not in observe.bus._subscribers.get("dynamo_output_graph", ())
         with engine.config.patch(compile_debug=True):
             compile_graph(toy_example, [torch.randn(3), torch.randn(3)], frame_id=6)
         assert sorted(os.listdir(only_run_dir(tmp_path))) == ["config.json", "debug.log", "toy_example__6_0"]

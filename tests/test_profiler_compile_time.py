@@ -180,3 +180,13 @@ def test_env_var_path_writes_a_prof_file(tmp_path):
     assert f"snakeviz {out}" in proc.stderr
     names = {k[2] for k in pstats.Stats(str(out)).stats}
     assert {"forward", "helper", "<entire_frame_compile>", "<backend_compile>"} <= names
+
+
+def test_finish_says_why_no_profile_was_written(capsys, tmp_path):
+    profiler.ProfilerSink(output=str(tmp_path / "c.prof")).start().finish()
+    assert "nothing was compiled" in capsys.readouterr().err
+    sink = profiler.ProfilerSink(output=str(tmp_path / "missing" / "c.prof")).start()
+    compile_graph(forward, [torch.randn(3)])
+    sink.finish()
+    err = capsys.readouterr().err
+    assert "could not write the compile profile" in err and "missing" in err

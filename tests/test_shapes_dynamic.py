@@ -205,3 +205,56 @@ def test_transposed_input_with_equal_sizes_does_not_hit_a_contiguous_entry():
     x = torch.randn(5, 3).t()
     assert same(f(x), double(x))
     assert len(entries(double)) == 2
+
+
+def test_mark_dynamic_with_a_range_guards_both_bounds():
+    f = engine.compile(double, backend="eager")
+    x = torch.randn(5, 3)
+    engine.mark_dynamic(x, 0, min=2, max=16)
+    with logs("guards") as lines:
+        f(x)
+    assert "2 <= L['x'].size()[0]" in lines[0] and "L['x'].size()[0] <= 16" in lines[0]
+    z = torch.randn(16, 3)
+    assert same(f(z), double(z)) and len(entries(double)) == 1
+    y = torch.randn(17, 3)
+    assert same(f(y), double(y)) and len(entries(double)) == 2
+
+
+def scale_by(x, n):
+    return x * n + n, n * 2
+
+
+def test_an_int_argument_goes_dynamic_after_it_changes_like_pytorch():
+    f = engine.compile(scale_by, backend="eager")
+    with logs("recompiles", "dynamic") as lines:
+        for n in (2, 3, 4, -5, 0):
+            x = torch.randn(3)
+            assert same(f(x, n), scale_by(x, n))
+    assert len(entries(scale_by)) == 2
+    text = "\n".join(lines)
+    assert "- 0/0: L['n'] == 2" in text
+    assert "create_symbol s0 = 3 for L['n'] [-int_oo, int_oo]" in text
+
+
+def describe(x):
+    return x + 1, f"batch={x.shape[0]}", str(x.shape), isinstance(x.shape[0], int)
+
+
+def test_text_made_from_a_size_shows_the_size_not_the_symbol():
+    f = engine.compile(describe, backend="eager", dynamic=True)
+    for n in (4, 6, 4):
+        x = torch.randn(n, 2)
+        assert same(f(x), describe(x))
+
+
+def clamp_count(x, n):
+    return torch.arange(n) if n >= 0 else x
+
+
+def test_guards_on_int_arguments_keep_their_sign():
+    f = engine.compile(clamp_count, backend="eager", dynamic=True)
+    with logs("guards") as lines:
+        assert same(f(torch.randn(2), 3), clamp_count(torch.randn(2), 3))
+    assert "0 <= L['n']" in lines[0]
+    x = torch.randn(2)
+    assert same(f(x, -3), clamp_count(x, -3))

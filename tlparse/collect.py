@@ -13,7 +13,7 @@ from typing import BinaryIO, Optional
 from . import interpret
 from .html_util import code_block, esc, page, write_file
 from .model import Artifact, BreakGroup, Compile, CompileKey, Unparsed, compile_label, compile_slug
-from .reader import Record, read_records
+from .reader import Record, decode_json, read_records
 
 # Envelope keys that are not the event's name.
 ID_KEYS = frozenset({"frame_id", "frame_compile_id", "attempt", "compiled_autograd_id", "has_payload", "rank"})
@@ -435,7 +435,7 @@ class Collector:
         if payload is None:
             return
         try:
-            ev = json.loads(payload)
+            ev = decode_json(payload)
         except ValueError:
             return
         if not isinstance(ev, dict):

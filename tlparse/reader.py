@@ -14,6 +14,14 @@ import re
 from typing import BinaryIO, Iterator, Optional
 
 CHUNK = 8 << 20
+_DECODER = json.JSONDecoder()
+
+
+def decode_json(data: bytes):
+    """json.loads for UTF-8 bytes, minus its encoding sniffing (a tenth of the parse time
+    on a big trace). Invalid UTF-8 is a ValueError like invalid JSON."""
+    return _DECODER.decode(data.decode("utf-8"))
+
 # A line that does not start with TAB (and is not empty) opens a new record. Searching for
 # the newline before it lets the regex engine skip ahead to each "\n" (3x faster than "^").
 _ENVELOPE = re.compile(rb"\n(?=[^\t\n])")
@@ -52,7 +60,7 @@ def _parse_envelope(line: bytes) -> tuple[bytes, bytes, Optional[dict], Optional
         return b"", line, None, "no glog prefix `...] ` before the JSON"
     prefix, raw = line[:split], line[split + 2:].rstrip(b"\r")
     try:
-        envelope = json.loads(raw)
+        envelope = decode_json(raw)
     except ValueError as exc:
         return prefix, raw, None, f"invalid JSON ({exc.__class__.__name__}: {exc})"
     if not isinstance(envelope, dict):

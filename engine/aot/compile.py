@@ -4,6 +4,7 @@ of compiled entries behind the callable it returns."""
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 import itertools
 import json
 import logging
@@ -20,10 +21,10 @@ from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams, TensorSpec, alias_pattern, lift_parameters, make_fake, spec_of
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
-from .partition import default_saved, joint_parts, split, tensor_bytes
+from .partition import default_saved, extract, joint_parts, split, tensor_bytes
 from .readable import readable
 from .runtime import EagerFallback, InferenceEntry, TrainingEntry
-from .trace import _Tracer, output_nodes
+from .trace import Tracer, output_nodes, placeholders
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
 PARTITIONERS = ("default", "min_cut")
@@ -45,6 +46,9 @@ class PartitionStats:
 
     partitioner: str
     saved: dict            # partitioner -> {"tensors", "bytes", "param_bytes", "names", "recomputed"}
+
+    def __str__(self) -> str:
+        return self.summary()
 
     def summary(self) -> str:
         parts = [f"{name}: {s['tensors']} tensors, {s['bytes']} bytes "
@@ -108,8 +112,13 @@ class AOTCompiled:
 
     # -- compiling -----------------------------------------------------------------------
     def _compile(self, key: tuple, flat: list):
-        ctx = observe.compile_context(self.compile_id) if observe.current_compile_id() is None else _null()
+        # A compile on a later call (new shapes, a no_grad call) is reported under the
+        # compile id of the capture that produced the graph.
+        ctx = observe.compile_context(self.compile_id) if observe.current_compile_id() is None else nullcontext()
         with ctx, observe.stage("aot"):
+            if self.cache:
+                observe.log("aot", logging.DEBUG, "compiling again for new inputs: %s",
+                            _Lazy(_key_difference, list(self.cache)[-1], key))
             entry = self._build(key, flat)
         self.cache[key] = entry
         return entry
@@ -134,16 +143,14 @@ class AOTCompiled:
             observe.log("aot", logging.INFO, "graph %d runs eagerly (not compiled): %s", gid, meta.fallback_reason)
             return EagerFallback(self.gm, self.num_user, meta.fallback_reason)
         observe.log("aot", logging.DEBUG, "metadata:\n%s", meta.describe())
-        tracer = _Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
+        tracer = Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
         if training:
             return self._build_training(tracer, meta, fakes, flat, gid)
         return self._build_inference(tracer, meta, fakes, gid)
 
-    def _build_inference(self, tracer: _Tracer, meta: GraphMeta, fakes: list, gid: int):
+    def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int):
         with observe.stage("aot_trace_inference_graph"):
             traced = tracer.trace_inference(fakes)
-        from .partition import extract
-        from .trace import placeholders
         graph = extract(traced, placeholders(traced), output_nodes(traced), "inference")
         observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},
                      payload=lambda: readable(graph), log="aot_graphs")
@@ -151,7 +158,7 @@ class AOTCompiled:
             compiled = self.config.inference_compiler(graph, _example_values(graph))
         return InferenceEntry(compiled, meta)
 
-    def _build_training(self, tracer: _Tracer, meta: GraphMeta, fakes: list, flat: list, gid: int):
+    def _build_training(self, tracer: Tracer, meta: GraphMeta, fakes: list, flat: list, gid: int):
         with observe.stage("aot_trace_joint_graph"):
             try:
                 joint, layout = tracer.trace_joint(fakes)
@@ -182,7 +189,7 @@ class AOTCompiled:
                    "names": [n.name for n in s.saved], "recomputed": s.recomputed}
             for name, s in splits.items()})
         self.last_stats = stats
-        observe.log("aot", logging.DEBUG, "graph %d: %s", gid, stats.summary())
+        observe.log("aot", logging.DEBUG, "graph %d: %s", gid, stats)   # str(stats) only if shown
         observe.emit("artifact", {"name": "aot_partition_stats", "encoding": "json"},
                      payload=lambda: json.dumps(dataclasses.asdict(stats)))
         saved_md = {"partitioner": stats.partitioner, "saved_bytes": chosen.saved_bytes,
@@ -200,13 +207,35 @@ class AOTCompiled:
         return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals)
 
 
+class _Lazy:
+    """A log argument formatted only if a sink shows the line."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __str__(self) -> str:
+        return self.fn(*self.args)
+
+
+def _key_difference(old: tuple, new: tuple) -> str:
+    """What changed between two cache keys, in words (the first few differences)."""
+    diffs = []
+    if old[0] != new[0]:
+        diffs.append(f"grad mode {old[0]} -> {new[0]}")
+    if old[3] != new[3]:
+        diffs.append(f"autocast {old[3]} -> {new[3]}")
+    for i, (a, b) in enumerate(zip(old[1], new[1])):
+        if a == b:
+            continue
+        if isinstance(a, TensorSpec) and isinstance(b, TensorSpec):
+            fields = [f"{f} {getattr(a, f)} -> {getattr(b, f)}" for f in TensorSpec._fields if getattr(a, f) != getattr(b, f)]
+            diffs.append(f"input {i}: " + ", ".join(fields))
+        else:
+            diffs.append(f"input {i}: {a} -> {b}")
+    if old[2] != new[2]:
+        diffs.append("inputs that share storage changed")
+    return "; ".join(diffs[:4]) or "same inputs"
+
+
 def _example_values(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

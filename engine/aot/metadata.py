@@ -5,6 +5,7 @@ which outputs need gradients. The runtime wrapper is built from this."""
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import torch
@@ -110,7 +111,7 @@ def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list
     from .trace import exclude_functionalize_key, from_fun, to_fun
 
     # Data-dependent scalars (`t.item()`) made here are not bound to graph nodes: tell the ShapeEnv.
-    ignore_unbacked = fake_mode.shape_env.ignore_fresh_unbacked_symbols() if fake_mode.shape_env else _null()
+    ignore_unbacked = fake_mode.shape_env.ignore_fresh_unbacked_symbols() if fake_mode.shape_env else nullcontext()
     with fake_mode, ignore_unbacked, enable_python_dispatcher(), FunctionalTensorMode(), \
             torch.set_grad_enabled(training):
         with exclude_functionalize_key():
@@ -201,11 +202,3 @@ def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training
                      graph_output_leaves=graph_leaves, graph_output_fakes=graph_fakes,
                      graph_output_requires_grad=[bool(t.requires_grad) for t in graph_fakes],
                      fallback_reason=fallback)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -7,6 +7,7 @@ one graph: `joint(primals, tangents) -> [*forward_outputs, *grads]`."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Optional
 
@@ -49,7 +50,7 @@ def exclude_functionalize_key():
     return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
 
 
-class _Tracer:
+class Tracer:
     def __init__(self, gm: torch.fx.GraphModule, lifted: LiftedParams, meta: GraphMeta, num_user: int,
                  fake_mode, decompositions: Optional[dict]):
         self.gm, self.lifted, self.meta, self.num_user = gm, lifted, meta, num_user
@@ -62,8 +63,13 @@ class _Tracer:
         return [f_args[i] for i in self.meta.mutated_inputs] + [leaves[j] for j in self.meta.graph_output_leaves]
 
     def make_fx(self, fn, *args) -> torch.fx.GraphModule:
-        with self.fake_mode, enable_python_dispatcher(), FunctionalTensorMode(), fx_traceback.preserve_node_meta():
-            traced = make_fx(fn, decomposition_table=self.decompositions or {})(*args)
+        try:
+            with self.fake_mode, enable_python_dispatcher(), FunctionalTensorMode(), fx_traceback.preserve_node_meta():
+                traced = make_fx(fn, decomposition_table=self.decompositions or {})(*args)
+        except AOTAutogradError:
+            raise
+        except Exception as exc:   # outside any one node: make_fx itself, or functionalization
+            raise AOTAutogradError("tracing to aten", None, exc) from exc
         _cleanup(traced)
         return traced
 
@@ -94,8 +100,12 @@ class _Tracer:
                 f_args = [to_fun(a) for a in primals]
                 f_tangents = [to_fun(t) for t in tangents]
                 with torch.enable_grad():
-                    outs = self.forward_outputs(f_args)
+                    # Anomaly mode records each autograd node's forward source line, which the
+                    # hooks below replay so that backward aten nodes carry it too.
+                    with torch.autograd.set_detect_anomaly(True, check_nan=False):
+                        outs = self.forward_outputs(f_args)
                     needed = [o for o, m in zip(outs, mask) if m]
+                    _replay_forward_stacks([o.grad_fn for o in needed if o.grad_fn is not None])
                     wrt = [f_args[i] for i in grad_inputs]
                     try:
                         grads = torch.autograd.grad(needed, wrt, f_tangents, allow_unused=True)
@@ -111,6 +121,29 @@ class _Tracer:
         layout = JointLayout(num_primals=len(fakes), num_tangents=len(tangents),
                              num_forward_outputs=len(fw_fakes), grad_inputs=list(present))
         return traced, layout
+
+
+def _replay_forward_stacks(roots: list) -> None:
+    """While autograd traces the backward, set the current FX stack trace to that of the
+    forward op each backward node differentiates."""
+    seen = set(roots)
+    work = collections.deque(roots)
+    while work:
+        node = work.popleft()
+        for fn, _ in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                work.append(fn)
+        stack = node.metadata.get("traceback_", [])
+
+        def prehook(grad_outputs, stack=stack):
+            fx_traceback.set_stack_trace(stack)
+
+        def posthook(grad_inputs, grad_outputs):
+            fx_traceback.set_stack_trace([])
+
+        node.register_prehook(prehook)
+        node.register_hook(posthook)
 
 
 def _cleanup(gm: torch.fx.GraphModule) -> None:

@@ -3,6 +3,7 @@ variable trackers, installing the guards each wrapping relies on."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import types
@@ -10,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
 from .source import AttrSource, GetItemSource, Source
 from .variables import (ConstantVariable, DictVariable, FunctionVariable, ListVariable, ObjectVariable, SetVariable,
@@ -71,6 +73,10 @@ class Builder:
         if isinstance(value, torch.Tensor):
             return self.wrap_tensor(value, source)
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, enum.Enum):
+            sym = wrap_int(out, value, source)  # an int argument made dynamic (engine/shapes)
+            if sym is not None:
+                out.add_guard("TYPE_MATCH", source, int)
+                return ConstantVariable(sym, source)
             out.add_guard("EQUALS_MATCH", source, value)
             return ConstantVariable(value, source)
         if isinstance(value, enum.Enum):
@@ -88,13 +94,13 @@ class Builder:
             out.remember(value, vt)
             vt.items = [self.wrap(v, GetItemSource(source, i)) for i, v in enumerate(value)]
             return vt
-        if t is dict:
+        if t is dict or t is collections.OrderedDict:
             keys = list(value.keys())
             if not all(isinstance(k, (str, int)) and type(k) is not bool for k in keys):
                 raise GraphBreak("GB0011", "dict input with non-constant keys")
             out.add_guard("TYPE_MATCH", source, t)
             out.add_guard("DICT_KEYS", source, tuple(keys))
-            vt = DictVariable({}, source)
+            vt = DictVariable({}, source, cls=t)
             out.remember(value, vt)
             vt.items = {k: self.wrap(v, GetItemSource(source, k)) for k, v in value.items()}
             return vt

@@ -25,6 +25,10 @@ from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionV
                         SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable,
                         VariableTracker)
 
+import os as _os
+
+_ENGINE_DIRS = tuple(_os.path.join(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))), d)
+                     + _os.sep for d in ("engine", "observe"))
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
 _STDLIB_PREFIX = None
@@ -56,6 +60,10 @@ def _inlinable_torch(fn) -> bool:
 
 def call_python_function(tx, fn, args, kwargs, source):
     api = _markers()
+    inner = getattr(fn, "_engine_orig", None)
+    if inner is not None and not getattr(fn, "_engine_disabled", False):
+        # an engine.compile'd function called from compiled code: trace the original
+        return tx.call(tx.out.builder.wrap_sourceless(inner), args, kwargs)
     if fn is api.graph_break:
         raise GraphBreak("GB0005")
     if getattr(fn, "_engine_disabled", False) or fn in api._DISALLOWED:
@@ -64,6 +72,8 @@ def call_python_function(tx, fn, args, kwargs, source):
         return defer_logging_call(tx, fn, args, kwargs)
     if fn in api._ALLOWED:
         return call_torch_op(tx, fn, args, kwargs)
+    if fn.__code__.co_filename.startswith(_ENGINE_DIRS):
+        raise GraphBreak("GB0013", f"engine internals ({fn.__qualname__})")
     if is_torch_op(fn):
         return call_torch_op(tx, fn, args, kwargs)
     special = SPECIAL_FUNCTIONS.get(fn)
@@ -285,6 +295,9 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
             raise GraphBreak("GB0001", f"builtin `{fn.__name__}` with argument types "
                                        f"{[a.python_type().__name__ if not isinstance(a, ObjectVariable) else type(a.value).__name__ for a in args]}")
         raise GraphBreak("GB0002", f"{mod}.{getattr(fn, '__qualname__', fn)}")
+    import weakref
+    if isinstance(fn, weakref.ReferenceType):
+        return _call_weakref(tx, fnv, args)
     call = getattr(type(fn), "__call__", None)
     if isinstance(call, types.FunctionType) and not _is_torch(type(fn)):
         return call_python_function(tx, call, [fnv] + list(args), kwargs, None)
@@ -305,6 +318,10 @@ def _hashable(x) -> bool:
 
 def call_module(tx, mv: ObjectVariable, args, kwargs):
     m = mv.value
+    if isinstance(m, _markers().OptimizedModule):
+        inner = m._orig_mod
+        return call_module(tx, tx.out.builder.wrap(inner, AttrSource(mv.source, "_orig_mod")) if mv.source
+                           else tx.out.builder.wrap_sourceless(inner), args, kwargs)
     from torch.nn.modules import module as module_mod
     if m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None) or \
             getattr(m, "_backward_pre_hooks", None) or module_mod._global_forward_hooks or \
@@ -863,6 +880,61 @@ TORCH_CONSTANT_FOLD = {
 }
 
 
-def install_namedtuple_specials():
-    # namedtuple methods are generated per class; dispatch them by name in containers.py
-    pass
+def _fixed(value):
+    def fold(tx, args, kwargs):
+        return ConstantVariable(value)
+    return fold
+
+
+def _query(fn):
+    """A query of global torch state that the GLOBAL_STATE guard covers: answered now."""
+    def fold(tx, args, kwargs):
+        return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
+    return fold
+
+
+def _has_torch_function(tx, args, kwargs):
+    # plain tensors, parameters and Python values never override torch functions
+    def overrides(v):
+        if isinstance(v, TensorVariable):
+            return v.ptype not in (torch.Tensor, torch.nn.Parameter)
+        if isinstance(v, (ListVariable, TupleVariable)):
+            return any(overrides(x) for x in v.items)
+        if isinstance(v, ObjectVariable):
+            return hasattr(v.cls, "__torch_function__") and v.cls is not object
+        return False
+    return ConstantVariable(any(overrides(a) for a in args))
+
+
+def _call_weakref(tx, ref_vt, args):
+    target = ref_vt.value()
+    return tx.out.builder.wrap_sourceless(target)
+
+
+def _state_queries():
+    import torch.backends.mha as mha
+    import torch.overrides as overrides
+    table = {
+        torch.jit.is_scripting: _fixed(False), torch.jit.is_tracing: _fixed(False),
+        torch._C._get_tracing_state: _fixed(None), mha.get_fastpath_enabled: _query(mha.get_fastpath_enabled),
+        torch.is_autocast_enabled: _query(torch.is_autocast_enabled),
+        torch._C._is_any_autocast_enabled: _query(torch._C._is_any_autocast_enabled),
+        torch.are_deterministic_algorithms_enabled: _query(torch.are_deterministic_algorithms_enabled),
+        torch.get_default_dtype: _query(torch.get_default_dtype),
+        overrides.has_torch_function: _has_torch_function,
+        overrides.has_torch_function_unary: _has_torch_function,
+        overrides.has_torch_function_variadic: _has_torch_function,
+    }
+    for name in ("is_compiling", "is_dynamo_compiling"):
+        fn = getattr(torch.compiler, name, None)
+        if fn is not None:
+            table[fn] = _fixed(True)  # as under torch.compile: code may take its compile-friendly path
+    for name in ("is_autocast_cpu_enabled", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype"):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            table[fn] = _query(fn)
+    return table
+
+
+for _k, _v in _state_queries().items():
+    SPECIAL_FUNCTIONS[_k] = _v

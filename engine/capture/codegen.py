@@ -47,7 +47,8 @@ class CodeGen:
         self.out = out
         self.output_index = output_index  # fx node -> index in the graph's output tuple
         self.ns: dict[str, Any] = {"___new_object": _new_object, "___make_cell": _make_cell, "___bind": _bind,
-                                   "___FunctionType": types.FunctionType}
+                                   "___FunctionType": types.FunctionType, "___identity": lambda v: v,
+                                   "___always": lambda v: True}
         self.lines: dict[str, list[str]] = {"call_graph": [], "store_outputs": [], "side_effects": [],
                                             "graph_break": [], "resume_call": []}
         self.memo: dict[int, str] = {}
@@ -123,10 +124,17 @@ class CodeGen:
         if isinstance(vt, SetVariable):
             return f"{vt.cls.__name__}([{', '.join(self.constant(x) for x in vt.items)}])"
         if isinstance(vt, IteratorVariable):
+            items = "[" + ", ".join(self.expr(x) for x in vt.items[vt.index:]) + "]"
+            if vt.pytype is types.GeneratorType:
+                return f"(__v for __v in {items})"  # the values were computed by the graph already
+            if vt.pytype is map:
+                return f"map(___identity, {items})"
+            if vt.pytype is filter:
+                return f"filter(___always, {items})"
             if vt.pytype is not type(iter([])) and id(vt) not in self.loop_iterators:
                 # only a loop's own iterator may change type (nobody can observe it)
                 raise GraphBreak("GB0018", f"a live {vt.pytype.__name__} object")
-            return "iter([" + ", ".join(self.expr(x) for x in vt.items[vt.index:]) + "])"
+            return f"iter({items})"
         if isinstance(vt, FunctionVariable):
             return self.const(vt.fn, "fn")
         if isinstance(vt, ObjectVariable):

@@ -56,6 +56,25 @@ def _frame_dict(f) -> dict:
     return {"line": lineno, "name": name, "filename": filename}
 
 
+def _caller_stack() -> list:
+    """The user's frames that led to this compile (outermost first), without the engine's,
+    observe's or torch's own frames, as dynamo_start shows them."""
+    import linecache
+    import sys
+    from .runtime import _skip_dirs
+
+    skip = _skip_dirs()
+    out = []
+    f = sys._getframe(1)
+    while f is not None:
+        filename = f.f_code.co_filename
+        if not filename.startswith(skip) and not filename.startswith("<engine"):
+            line = linecache.getline(filename, f.f_lineno).strip()
+            out.append({"line": f.f_lineno, "name": f.f_code.co_name, "filename": filename, "loc": line})
+        f = f.f_back
+    return list(reversed(out))[-32:]
+
+
 def format_user_stack(stack) -> str:
     lines = []
     for filename, lineno, name, line in stack:
@@ -106,7 +125,7 @@ def report_cache_limit(code, entries, L, G, limit_name: str = "cache_size_limit"
 
 
 def _emit_recompile_reasons(code, previous, L, G) -> None:
-    if not previous or not observe.enabled("artifact", "recompiles"):
+    if not previous:
         return
 
     def payload():
@@ -117,7 +136,8 @@ def _emit_recompile_reasons(code, previous, L, G) -> None:
             lines.append(f"    - {e.compile_id}: {fails[0] if fails else '(guards pass now)'}")
         return "\n".join(lines)
 
-    observe.emit("artifact", {"name": "recompile_reasons", "encoding": "string"}, payload, log="recompiles")
+    if observe.enabled("artifact", "recompiles"):
+        observe.emit("artifact", {"name": "recompile_reasons", "encoding": "string"}, payload, log="recompiles")
     if observe.enabled("artifact", "recompiles_verbose"):
         def verbose():  # every failing guard of every cache entry, newest entry first
             lines = [f"Recompiling function {code.co_name} in {code.co_filename}:{code.co_firstlineno}",
@@ -144,7 +164,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
     start = time.time()
     metrics = {
         "compile_id": f"{frame_id}/{compile_index}", "frame_key": str(frame_id + 1), "co_name": code.co_name,
-        "co_filename": code.co_filename, "co_firstlineno": code.co_firstlineno, "cache_size": len(previous),
+        "co_filename": code.co_filename, "co_firstlineno": _first_line(code), "cache_size": len(previous),
         "accumulated_cache_size": len(cache.entries), "guard_count": None, "shape_env_guard_count": 0,
         "graph_op_count": None, "graph_node_count": None, "graph_input_count": None, "start_time": start,
         "entire_frame_compile_time_s": None, "backend_compile_time_s": None, "inductor_compile_time_s": None,
@@ -162,8 +182,10 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
             cid = observe.CompileId(frame_id, compile_index, attempt)
             with observe.compile_context(cid):
                 if attempt == 0:
-                    observe.emit("dynamo_start", {"stack": [_frame_dict((code.co_filename, code.co_firstlineno,
-                                                                         code.co_name, ""))]})
+                    observe.log("dynamo", logging.INFO, "engine start compiling %s %s:%s", code.co_name,
+                                code.co_filename, code.co_firstlineno)
+                    observe.emit("dynamo_start", {"stack": _caller_stack() + [
+                        _frame_dict((code.co_filename, _first_line(code), code.co_name, ""))]})
                     if observe.enabled("artifact", "bytecode"):
                         observe.emit("artifact", {"name": f"{code.co_name}_ORIGINAL_BYTECODE", "encoding": "string",
                                                   "title": f"ORIGINAL BYTECODE {code.co_name} {code.co_filename} "
@@ -173,6 +195,8 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
                 with observe.stage("entire_frame_compile", fn_name=code.co_name):
                     result = _attempt(fn, L, G, options, breakpoint, cid, metrics)
                 if isinstance(result, BreakPoint):
+                    observe.log("dynamo", logging.DEBUG, "Restarting analysis due to a graph break at offset %s: %s",
+                                result.offset, result.gb.message())
                     restart_time += time.time() - t_attempt
                     metrics["restart_reasons"].append(result.gb.message())
                     breakpoint = result
@@ -198,6 +222,8 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
             return None
         raise
     metrics["has_guarded_code"] = entry is not None
+    observe.log("dynamo", logging.INFO, "engine done compiling %s %s:%s (%s)", code.co_name, code.co_filename,
+                code.co_firstlineno, "compiled" if entry is not None else "runs eagerly")
     _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attempt)
     return entry
 
@@ -598,7 +624,7 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     for off, depth in resume_offsets:
         live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
         r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=nulls,
-                                        name=f"engine_resume_in_{code.co_name}_at_{_lineno_at(frame, off)}")
+                                        name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}")
         resumes.append(r)
     closure_expr = "F.__closure__" if code.co_freevars else "()"
     cells_expr = "(" + "".join(f"{c}, " for c in cell_exprs) + ")"
@@ -643,6 +669,20 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
             cg.emit("resume_call", f"return {resume_call(resumes[0], None, len(below))}")
     if not code.co_freevars and not code.co_cellvars:
         pass
+
+
+def _first_line(code) -> int:
+    """A resume function starts where it resumes (engine_resume_in_fn_at_7 -> 7), as in PyTorch."""
+    import re
+    m = re.fullmatch(r"engine_resume_in_.*_at_(\d+)", code.co_name)
+    return int(m.group(1)) if m else code.co_firstlineno
+
+
+def _original_name(name: str) -> str:
+    """engine_resume_in_fn_at_7 -> fn (a resume of a resume is still named after fn)."""
+    import re
+    m = re.fullmatch(r"engine_resume_in_(.*)_at_\d+", name)
+    return m.group(1) if m else name
 
 
 def _lineno_at(frame, offset) -> int:

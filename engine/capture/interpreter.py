@@ -24,6 +24,7 @@ import torch
 
 import observe
 
+from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
@@ -398,7 +399,7 @@ class Frame:
         spec = self.as_python(self.pop()) if flags & 0x04 else ""
         value = self.pop()
         conv = flags & 0x03
-        v = self.as_python(value, what="an f-string value")
+        v = specialize(self.as_python(value, what="an f-string value"))  # a size, not its symbol
         if conv == 1:
             v = str(v)
         elif conv == 2:
@@ -987,6 +988,10 @@ class Frame:
         raise GraphBreak("GB0011", f"unary {op.__name__} on {type(v).__name__}")
 
     def const_apply(self, fn, args, kwargs=None):
+        if fn in TYPE_FUNCTIONS and has_symbolic(list(args)):  # a symbolic int is an int (engine/shapes)
+            args = as_plain_types(list(args))
+        elif needs_specializing(fn, args, kwargs):  # str(x.shape) must see sizes, not symbols (engine/shapes)
+            args, kwargs = specialize(list(args)), specialize(kwargs or {})
         try:
             return wrap_constant(fn(*args, **(kwargs or {})))
         except Exception as exc:
@@ -1501,6 +1506,14 @@ class Frame:
         if isinstance(obj, TupleVariable) and obj.is_namedtuple() and m.name in ("_replace", "_asdict"):
             from .containers import container_method
             return container_method(self, obj, m.name, args, kwargs)
+        if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module) and m.name in _MODULE_ITERATORS \
+                and getattr(torch.nn.Module, m.name) is m.fn:
+            real = getattr(obj.value, m.name)(*[self.as_python(a) for a in args],
+                                              **{k: self.as_python(v) for k, v in kwargs.items()})
+            wrap = self.out.builder.wrap_sourceless
+            items = [TupleVariable([wrap(x) for x in item]) if isinstance(item, tuple) else wrap(item)
+                     for item in real]
+            return IteratorVariable(items, types.GeneratorType)
         if m.fn is not None:
             return self.call_python_function(m.fn, [obj] + list(args), kwargs, None, bound_self=obj)
         if isinstance(obj, TensorVariable):
@@ -1528,6 +1541,10 @@ class Frame:
         from .calls import inline_code
         return inline_code(self, fn.code, fn.f_globals, fn.globals_source, fn.defaults, fn.kwdefaults,
                            fn.closure, args, kwargs, fn.qualname)
+
+
+_MODULE_ITERATORS = {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+                     "modules", "named_modules"}
 
 
 def _flatten(x):

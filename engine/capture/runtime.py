@@ -102,10 +102,12 @@ def make_binder(code) -> Callable:
     if code.co_flags & inspect.CO_VARKEYWORDS:
         params.append("**" + code.co_varnames[idx])
         names.append(code.co_varnames[idx])
-    src = f"def ___bind({', '.join(params)}):\n    return {{{', '.join(f'{x!r}: {x}' for x in names)}}}\n"
+    # named like the function, so a bad call reads like the eager error ("fn() missing 1 required ...")
+    name = code.co_name if code.co_name.isidentifier() and not code.co_name.startswith("__") else "___bind"
+    src = f"def {name}({', '.join(params)}):\n    return {{{', '.join(f'{x!r}: {x}' for x in names)}}}\n"
     ns: dict = {}
     exec(compile(src, "<engine binder>", "exec"), ns)
-    return ns["___bind"]
+    return ns[name]
 
 
 def bind_frame(cache: FrameCache, fn, args, kwargs) -> dict:
@@ -155,6 +157,10 @@ def should_compile(fn) -> bool:
     if getattr(fn, "_engine_disabled", False):
         return False
     code = fn.__code__
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
+        bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    if not all(name.isidentifier() for name in code.co_varnames[:n]):
+        return False  # a comprehension's `.0`: not a frame a user calls
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         return False
@@ -187,6 +193,9 @@ def run_function(fn, args, kwargs, options: CompileOptions):
     if _disabled_depth() or not should_compile(fn):
         return fn(*args, **kwargs)
     code = fn.__code__
+    only = config.debug_function
+    if only and code.co_name != only and not code.co_name.startswith(f"engine_resume_in_{only}_at_"):
+        return fn(*args, **kwargs)  # TORCHDYNAMO_DEBUG_FUNCTION: compile only this function
     cache = cache_for(code)
     if cache.skip:
         return fn(*args, **kwargs)

@@ -32,6 +32,9 @@ class NullVariable(VariableTracker):
 NULL = NullVariable()
 
 
+_PLAIN_TYPE_OF_SYMBOLIC = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 class ConstantVariable(VariableTracker):
     """An immutable Python value known at trace time (int, float, str, None, dtype, device,
     torch.Size, range, slice, tuples of these, ...)."""
@@ -41,7 +44,8 @@ class ConstantVariable(VariableTracker):
         self.source = source
 
     def python_type(self):
-        return type(self.value)
+        t = type(self.value)
+        return _PLAIN_TYPE_OF_SYMBOLIC.get(t, t)  # a symbolic size is an int to the program (engine/shapes)
 
     def is_constant(self):
         return True

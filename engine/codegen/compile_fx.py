@@ -135,6 +135,11 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
         "ir_post_fusion.txt": ir_post,
         "output_code.py": wrapper_src,
     }
+    for fname, log in (("fx_graph_transformed.py", None), ("ir_pre_fusion.txt", "ir_pre_fusion"),
+                       ("ir_post_fusion.txt", "ir_post_fusion")):
+        # for TORCH_COMPILE_DEBUG's per-graph folder (and TORCH_LOGS=ir_pre_fusion,ir_post_fusion)
+        observe.emit("artifact", {"name": fname.rsplit(".", 1)[0], "filename": fname, "encoding": "string"},
+                     (lambda t=artifacts[fname]: t), log=log)
     V.reset()
     n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
     compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, len(kernel_sigs), n_externs,

@@ -84,11 +84,21 @@ def _unbiased_all(fn, x, unbiased=True):
     return fn(x, None, correction=1 if unbiased else 0)
 
 
+def _addmm(decomposed, self, mat1, mat2, *, beta=1, alpha=1):
+    """torch's addmm decomposition computes bf16/fp16 in fp32 (an fp32 matmul, many times
+    slower on GPUs, with the weights cast every call): keep low-precision addmm whole, as
+    one BLAS call with its fused bias and eager's single rounding."""
+    if mat1.dtype in (torch.bfloat16, torch.float16):
+        return NotImplemented
+    return decomposed(self, mat1, mat2, beta=beta, alpha=alpha)
+
+
 @functools.lru_cache(None)
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_EXTRA))
     table[aten.mean.dim] = _mean
+    table[aten.addmm.default] = functools.partial(_addmm, table[aten.addmm.default])
     table[aten.mean.default] = _mean_all
     for packet, fn in ((aten.var_mean, _var_mean), (aten.var, _var), (aten.std, _std), (aten.std_mean, _std_mean)):
         table[packet.correction] = fn

@@ -231,6 +231,8 @@ class GraphLowering:
             if c.free_symbols & set(syms):
                 return None
             strides.append(c)
+        if any(s.is_Integer and s < 0 for s in strides):
+            return None    # torch tensors cannot have negative strides (flip): realize instead
         offset = expr.subs({s: 0 for s in syms})
         if any(isinstance(a, sympy.Function) for a in sympy.preorder_traversal(offset)):
             return None

@@ -4,6 +4,8 @@ buffer then becomes plain linear indexing again)."""
 
 from __future__ import annotations
 
+import math
+
 import sympy
 
 
@@ -80,18 +82,73 @@ def _upper(expr) -> int | None:
 def _split(expr, c):
     """Split a linear expression into terms whose coefficient is a multiple of c and the rest."""
     multiple, rest = [], []
-    for term in sympy.Add.make_args(sympy.expand(expr)):
-        if sympy.fraction(sympy.cancel(term / c))[1] == 1:
+    for term in sympy.Add.make_args(expr):
+        coeff, _ = term.as_coeff_Mul()
+        if c.is_Integer and coeff.is_Integer:
+            (multiple if int(coeff) % int(c) == 0 else rest).append(term)
+        elif sympy.fraction(sympy.cancel(term / c))[1] == 1:
             multiple.append(term)
         else:
             rest.append(term)
     return sympy.Add(*multiple), sympy.Add(*rest)
 
 
+def _memo(fn):
+    """Cache on the arguments and the ranges of their variables (simplification depends
+    on them; sympy is the bulk of lowering time on large graphs)."""
+    cache: dict = {}
+
+    def wrapper(a, b):
+        a, b = sympy.sympify(a), sympy.sympify(b)
+        key = (a, b, tuple(sorted(((s, VAR_RANGES.get(s)) for s in a.free_symbols), key=lambda p: str(p[0]))))
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) > 200_000:
+                cache.clear()
+            hit = cache[key] = fn(a, b)
+        return hit
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def _gcd_split(a, b):
+    """(big, small, g): a = big + small where g divides b and every coefficient of big,
+    and 0 <= small < g, so a // b == (big/g) // (b/g) and a % b == ((big/g) % (b/g))*g + small."""
+    if not b.is_Integer:
+        return None
+    terms = list(sympy.Add.make_args(sympy.expand(a)))
+    coeffs = []
+    for t in terms:
+        c, _ = t.as_coeff_Mul()
+        if not c.is_Integer or c < 0:
+            return None
+        coeffs.append(int(c))
+    order = sorted(range(len(terms)), key=lambda k: -coeffs[k])
+    for k in range(1, len(order)):
+        big = [order[j] for j in range(k)]
+        small = [order[j] for j in range(k, len(order))]
+        g = int(b)
+        for j in big:
+            g = math.gcd(g, coeffs[j])
+        if g <= 1:
+            continue
+        s = sympy.Add(*[terms[j] for j in small])
+        ub = _upper(s)
+        if ub is not None and ub < g:
+            return sympy.Add(*[terms[j] for j in big]), s, g
+    return None
+
+
+@_memo
 def floordiv(a, b):
     a, b = sympy.sympify(a), sympy.sympify(b)
     if b == 1:
         return a
+    split = _gcd_split(a, b)
+    if split is not None:
+        big, _, g = split
+        return floordiv(sympy.expand(big / g), b / g)
     multiple, rest = _split(a, b)
     ub = _upper(rest)
     if ub is not None and b.is_Integer and ub < int(b):
@@ -101,10 +158,15 @@ def floordiv(a, b):
     return FloorDiv(a, b)
 
 
+@_memo
 def mod(a, b):
     a, b = sympy.sympify(a), sympy.sympify(b)
     if b == 1:
         return sympy.Integer(0)
+    split = _gcd_split(a, b)
+    if split is not None:
+        big, small, g = split
+        return sympy.expand(mod(sympy.expand(big / g), b / g) * g + small)
     _, rest = _split(a, b)
     ub = _upper(rest)
     if ub is not None and b.is_Integer and ub < int(b):

@@ -17,6 +17,8 @@ def kernel(lib: ctypes.CDLL, name: str, n_ptrs: int, n_syms: int):
 def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     """An extern kernel's result with the strides our kernels were generated for (aten
     may choose others at run time: then we copy, never read with the wrong strides)."""
+    if t is None:   # an optional output aten skipped at run time (attention's logsumexp, ...)
+        return None
     if tuple(t.shape) != tuple(size):
         raise RuntimeError(f"extern kernel returned shape {tuple(t.shape)}, expected {tuple(size)}")
     if all(a == b for a, b, n in zip(t.stride(), stride, size) if n > 1):

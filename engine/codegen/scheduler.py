@@ -13,7 +13,6 @@ and epilogues (per row or per element of the row) follow it in later phases."""
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Optional
 
 import sympy
@@ -21,7 +20,7 @@ import sympy
 import observe
 
 from . import values as V
-from .index import flatten, index_var, numel, unflatten
+from .index import VAR_RANGES, flatten, index_var, numel, unflatten
 from .ir import ComputedBuffer, ExternKernel, Reduction
 
 
@@ -94,9 +93,9 @@ class KernelBuilder:
 
     @staticmethod
     def inner_vars(inner: tuple) -> list:
-        # deterministic across processes: the kernel source is the cache key
-        sig = zlib.crc32(repr(tuple(str(s) for s in inner)).encode()) % 997
-        return [index_var(f"r{i}_{sig}", s) for i, s in enumerate(inner)]
+        # r0, r1, ... in every phase; registering the range on each use keeps index
+        # simplification right when phases of one kernel loop over different ranges
+        return [index_var(f"r{i}", s) for i, s in enumerate(inner)]
 
     def _full_index(self, sizes, inner: tuple, contiguous: bool):
         """Index over `sizes` from (outer vars, inner vars), or None if they do not line up."""
@@ -111,6 +110,10 @@ class KernelBuilder:
         return None
 
     def place(self, buf: ComputedBuffer, inner: tuple) -> Optional[Member]:
+        # loop variables are named x0, x1, ... in every kernel: make their ranges this
+        # kernel's again before index expressions are simplified against them
+        for v, s in zip(self.outer_vars, self.outer):
+            VAR_RANGES[v] = s
         d = buf.data
         contiguous = buf.layout.is_contiguous()
         if isinstance(d, Reduction):

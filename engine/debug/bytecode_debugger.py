@@ -9,7 +9,7 @@ function after a graph break, entered as a new debugger frame) is run by a small
 concrete evaluator (`bytecode_eval.EvalFrame`) instead of CPython, so the debugger holds
 the frame's value stack, locals and position; the values are the real runtime values
 and every call (the compiled graph, the trampoline, `print`) is a real call. A frame the
-evaluator cannot model (try/with blocks, generators) runs for real, with a note.
+evaluator cannot model (a generator) runs for real, with a note.
 
 Region labels come from the code generator: a `GeneratedCode` (BytecodeBuilder) on the
 cache entry gives byte-offset regions; the source-generating code path records one
@@ -96,6 +96,9 @@ def _regions_from_generated(entry, code) -> Optional[list[tuple[int, int, str]]]
     for value in list(vars(entry).values()):
         if getattr(value, "code", None) is code and isinstance(getattr(value, "regions", None), list):
             return list(value.regions)
+    regions = getattr(entry, "regions", None)  # or the ranges kept on the entry itself
+    if isinstance(regions, list) and all(isinstance(r, tuple) and len(r) == 3 for r in regions):
+        return list(regions)
     return None
 
 
@@ -123,9 +126,6 @@ class FrameView:
     regions: list[tuple[int, int, str]] = field(default_factory=list)
     region_origin: str = ""
     stop_after: Optional[int] = 0     # instructions to run before the next stop (None: continue)
-
-    def label(self, inst) -> Optional[str]:
-        return inst.region
 
 
 def _label_instructions(frame: EvalFrame, entry, source: Optional[str]) -> tuple[list, str]:
@@ -466,8 +466,8 @@ def _cache_entry_class():
     from ..capture import runtime
     cls = getattr(runtime, "CacheEntry", None)
     fields = getattr(cls, "__dataclass_fields__", {})
-    if cls is None or "fn" not in fields:
-        raise RuntimeError("bytecode debugger: engine.capture.runtime.CacheEntry has no `fn` field to hook")
+    if cls is None or "fn" not in fields or "fn" in getattr(cls, "__slots__", ()):
+        raise RuntimeError("bytecode debugger: engine.capture.runtime.CacheEntry has no plain `fn` field to hook")
     return cls
 
 

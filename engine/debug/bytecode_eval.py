@@ -6,8 +6,10 @@ frame's stack from Python).
 one instruction with real values and real calls (the compiled graph, the trampoline, a
 resume function, `print`, ...). It supports the opcodes the engine's code generators emit
 and the common ones of copied original code on CPython 3.11 and 3.12; `check_supported`
-says up front when a code object uses anything else (exception tables, generators, ...),
-so the caller can run that frame with a real call instead.
+says up front when a code object uses anything else (generators, unknown opcodes),
+so the caller can run that frame with a real call instead. try/except/with blocks follow
+the exception table as CPython does; `sys.exc_info()` inside a handler still reports the
+caller's state (the evaluator's handled exception is its own).
 
 Nothing here imports torch or the capture engine: it is plain bytecode semantics.
 """
@@ -103,6 +105,7 @@ class EvalFrame:
         self.done = False
         self.return_value: Any = None
         self.last: Optional[Instruction] = None  # the instruction run last (an outer frame: the call)
+        self.handled_exc: Optional[BaseException] = sys.exc_info()[1]  # what a bare `raise` re-raises
 
     @staticmethod
     def _bind(fn, args, kwargs) -> dict:
@@ -134,7 +137,20 @@ class EvalFrame:
         inst = self.instructions[self.pc]
         self.last = inst
         self.pc += 1
-        getattr(self, "op_" + inst.opname)(inst)
+        try:
+            getattr(self, "op_" + inst.opname)(inst)
+        except NotSteppable:
+            raise
+        except BaseException as exc:
+            entry = inst.exn_tab_entry
+            if entry is None:
+                raise
+            # unwind to the handler as CPython does: stack to its depth, [lasti], exception
+            del self.stack[entry.depth:]
+            if entry.lasti:
+                self.push(inst.offset)
+            self.push(exc)
+            self.pc = self.index_of[id(entry.target)]
         if self.done:
             return Returned(self.return_value)
         return None
@@ -489,12 +505,45 @@ class EvalFrame:
 
     def op_RAISE_VARARGS(self, inst):
         if inst.arg == 0:
-            raise NotSteppable("bare `raise` (re-raise) is not modelled")
+            if self.handled_exc is None:
+                raise RuntimeError("No active exception to reraise")
+            raise self.handled_exc
         cause = self.pop() if inst.arg == 2 else None
         exc = self.pop()
-        if cause is not None:
+        if inst.arg == 2:
             raise exc from cause
         raise exc
+
+    # ------------------------------------------------------------------ exception handlers, with
+    def op_PUSH_EXC_INFO(self, inst):
+        exc = self.pop()
+        self.push(self.handled_exc)
+        self.push(exc)
+        self.handled_exc = exc
+
+    def op_POP_EXCEPT(self, inst):
+        self.handled_exc = self.pop()
+
+    def op_CHECK_EXC_MATCH(self, inst):
+        match = self.pop()
+        self.push(isinstance(self.stack[-1], match))
+
+    def op_RERAISE(self, inst):
+        exc = self.pop()
+        if inst.arg:
+            self.pop()  # the saved lasti
+        raise exc
+
+    def op_BEFORE_WITH(self, inst):
+        mgr = self.pop()
+        enter, exit_ = type(mgr).__enter__, type(mgr).__exit__
+        self.push(types.MethodType(exit_, mgr))
+        self.push(enter(mgr))
+
+    def op_WITH_EXCEPT_START(self, inst):
+        exc = self.stack[-1]
+        exit_fn = self.stack[-4]
+        self.push(exit_fn(type(exc), exc, exc.__traceback__))
 
     # ------------------------------------------------------------------ calls and functions
     def op_KW_NAMES(self, inst):
@@ -549,8 +598,6 @@ def check_supported(code: types.CodeType, instructions=None) -> None:
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         raise NotSteppable("generators and coroutines run for real")
-    if code.co_exceptiontable:
-        raise NotSteppable("the code has try/with blocks (an exception table)")
     for inst in instructions if instructions is not None else decode(code):
         if inst.opname not in _HANDLED:
             raise NotSteppable(f"opcode {inst.opname} at offset {inst.offset} is not modelled")

@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Optional
 
 import observe
+from observe.metrics import compiled_function
 from observe.tables import format_table
 
 # The cache limit used inside `with prof:` so that every recompile is seen, not cut off.
@@ -88,10 +89,9 @@ class CompileProfiler:
                 if self._inside and cid is not None:
                     self._frames.add(cid.frame_id)
             self._unattached.clear()
-            stack = md.get("stack") or []
-            if cid is not None and stack and isinstance(stack[-1], dict):
-                f = stack[-1]
-                self._functions.setdefault(cid.frame_id, f"{f.get('name')} ({_short(f.get('filename'))}:{f.get('line')})")
+            fn = compiled_function(md.get("stack"))
+            if cid is not None and fn is not None:
+                self._functions.setdefault(cid.frame_id, str(fn))
             return
         if event.name == "compilation_metrics":
             if cid is not None and md.get("co_name"):

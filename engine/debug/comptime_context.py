@@ -398,13 +398,25 @@ class _Commands:
 class ComptimePdb(pdb.Pdb):
     """pdb whose `q` and end of input let tracing go on instead of killing the compile."""
 
-    def __init__(self):
+    def __init__(self, user_frame=None):
+        self.user_frame = user_frame  # (filename, lineno, name, line) of the comptime call
         if command_input.stdin_is_terminal():
             super().__init__(readrc=False, nosigint=True)
         else:
             out = sys.stdout
             super().__init__(stdin=_Commands(out), stdout=out, readrc=False, nosigint=True)
             self.use_rawinput = False
+
+    def print_stack_entry(self, frame_lineno, prompt_prefix=pdb.line_prefix):
+        # where the user is: their traced line, not this module's stop frame
+        frame, _ = frame_lineno
+        if frame.f_code is _stop_here.__code__ and self.user_frame is not None:
+            filename, lineno, name, line = self.user_frame
+            self.message(f"> {filename}({lineno}){name}() [traced by the engine]")
+            if line and line.strip():
+                self.message(f"{prompt_prefix.lstrip(chr(10))}{line.strip()}")
+            return
+        super().print_stack_entry(frame_lineno, prompt_prefix)
 
     def do_EOF(self, arg):
         global _skip_breakpoints
@@ -431,10 +443,9 @@ def trace_breakpoint(tx, args, kwargs):
     ctx = ComptimeContext(tx)
     filename, lineno, name, line = tx.user_frame()
     out = sys.stdout
-    out.write(f"[comptime] breakpoint while tracing {name} at {filename}:{lineno}\n"
-              f"    {line.strip()}\n"
-              "[comptime] `ctx` is the engine's view: ctx.print_locals(), ctx.print_graph(), ctx.print_guards(), "
-              "ctx.print_bt(), ctx.disas(), ctx.print_value_stack(), ctx.get_local(name); `c` continues tracing\n")
+    out.write(f"[comptime] breakpoint while the engine traces {name} ({os.path.basename(filename)}:{lineno}). "
+              "`ctx` is its view of the frame: ctx.print_locals(), ctx.print_graph(), ctx.print_guards(), "
+              "ctx.print_bt(), ctx.disas(), ctx.print_value_stack(), ctx.get_local(name). `c` continues tracing.\n")
     if not command_input.stdin_is_terminal() and not command_input.at_eof():
         out.write("[comptime] stdin is not a terminal: reading pdb commands from it (end of input continues)\n")
     if command_input.at_eof():
@@ -443,7 +454,7 @@ def trace_breakpoint(tx, args, kwargs):
     out.flush()
     previous = sys.gettrace()  # a coverage tool or outer debugger keeps its hook
     try:
-        _stop_here(ctx, ComptimePdb())
+        _stop_here(ctx, ComptimePdb((filename, lineno, name, line)))
     finally:
         sys.settrace(previous)
     return ConstantVariable(None)

@@ -29,6 +29,7 @@ import sys
 from typing import Any, Optional
 
 import observe
+from observe.metrics import compiled_function
 
 from . import fx_runnable
 
@@ -52,11 +53,16 @@ ARTIFACT_FILES = {
     "dynamo_graph_break_reason": "graph_break_reasons.txt",
 }
 APPEND = {"graph_break_reasons.txt"}
+# Codegen runs once for the forward and once for the backward graph of a compile; the
+# backward's files get a `_backward` suffix (told apart by the AOT stage they run in).
+PER_GRAPH = {"output_code.py", "fx_graph_transformed.py", "ir_pre_fusion.txt", "ir_post_fusion.txt"}
 
 
 class DebugDirSink:
-    EVENTS = ["dynamo_start", "dynamo_output_graph", "compilation_metrics", "stage_begin", "stage_end",
-              "artifact", *EVENT_FILES]
+    # Listened to only while the folder is on; `dynamo_start` (the first event of every
+    # compile) is always listened to and switches the rest on or off, so with the folder
+    # off no sink asks for graph payloads or metadata.
+    EVENTS = ["dynamo_output_graph", "compilation_metrics", "stage_begin", "stage_end", "artifact", *EVENT_FILES]
 
     def __init__(self, root: Optional[str] = None, always: bool = False) -> None:
         self.root = root                 # None: engine.config.debug_dir_root at each event
@@ -66,13 +72,26 @@ class DebugDirSink:
         self.names: dict[tuple, str] = {}  # (frame id, compile index) -> function name (restarts share it)
         self.readable_from_gm: set[str] = set()
         self.failed = False
+        self.active = False               # subscribed to EVENTS (the folder is on)
 
     def start(self) -> "DebugDirSink":
-        observe.subscribe(self.on_event, events=self.EVENTS)
+        observe.subscribe(self.on_compile_start, events=["dynamo_start"])
         return self
 
     def stop(self) -> None:
+        observe.unsubscribe(self.on_compile_start)
         observe.unsubscribe(self.on_event)
+        self.active = False
+
+    def on_compile_start(self, event: observe.Event) -> None:
+        on = self.enabled()
+        if on and not self.active:
+            observe.subscribe(self.on_event, events=self.EVENTS)
+        elif not on and self.active:
+            observe.unsubscribe(self.on_event)
+        self.active = on
+        if on:
+            self.on_event(event)
 
     def enabled(self) -> bool:
         if self.failed:
@@ -130,7 +149,7 @@ class DebugDirSink:
         cid = event.compile_id
         name = event.name
         if name == "stage_begin":
-            if md.get("graph_module") is not None:
+            if md.get("name") == "backend_compile" and md.get("graph_module") is not None:
                 self._write_graph_module(cid, md["graph_module"], md.get("example_inputs"))
             return
         if name == "stage_end":
@@ -139,21 +158,20 @@ class DebugDirSink:
                 self._log(cid, f"stage {md.get('name')} {md.get('duration_ns', 0) / 1e6:.2f} ms {state}")
             return
         if name == "dynamo_start":
-            stack = md.get("stack") or []
             if cid is not None:
                 # a new compile: after engine.reset() its id may repeat an earlier one's
-                base = (cid.frame_id, cid.frame_compile_id)
-                for key in [k for k in self.compile_dirs if k.split("_", 1)[0] == f"{base[0]}/{base[1]}"]:
+                base = f"{cid.frame_id}/{cid.frame_compile_id}"
+                for key in [k for k in self.compile_dirs if k.split("_", 1)[0] == base]:
                     del self.compile_dirs[key]
-                self.names.pop(base, None)
-            if cid is not None and stack and isinstance(stack[-1], dict):
-                self.names[(cid.frame_id, cid.frame_compile_id)] = str(stack[-1].get("name", "graph"))
-                f = stack[-1]
-                self._log(cid, f"dynamo_start {f.get('name')} ({f.get('filename')}:{f.get('line')})")
+                self.readable_from_gm = {k for k in self.readable_from_gm if k.split("_", 1)[0] != base}
+                fn = compiled_function(md.get("stack"))
+                self.names[(cid.frame_id, cid.frame_compile_id)] = fn.name if fn else "graph"
+                if fn is not None:
+                    self._log(cid, f"dynamo_start {fn.name} ({fn.filename}:{fn.lineno})")
             return
         if name == "dynamo_output_graph":
-            if str(cid) not in self.readable_from_gm:
-                self._write(cid, "fx_graph_readable.py", event.payload() or "", replace=True)
+            # the graph's text; replaced by the graph module's own when that arrives
+            self._write(cid, "fx_graph_readable.py", event.payload() or "", replace=True)
             self._log(cid, f"dynamo_output_graph ({len(md.get('sizes') or {})} nodes with sizes)")
             return
         if name == "compilation_metrics":
@@ -167,6 +185,9 @@ class DebugDirSink:
             filename = EVENT_FILES.get(name)
             if filename is None:
                 return
+        if event.stage and "backward" in event.stage and filename in PER_GRAPH:
+            stem, ext = os.path.splitext(filename)   # codegen of the backward graph
+            filename = f"{stem}_backward{ext}"
         self._write(cid, filename, event.payload() or "", append=filename in APPEND)
         self._log(cid, f"{md.get('name') if name == 'artifact' else name} -> {filename}")
 
@@ -230,8 +251,8 @@ SINK: Optional[DebugDirSink] = None
 
 def install() -> DebugDirSink:
     """Listen from now on; the folder is written only while `engine.config.compile_debug`
-    is true (TORCH_COMPILE_DEBUG=1 sets it), so installing costs nothing per call and
-    a handful of checks per compile."""
+    is true (TORCH_COMPILE_DEBUG=1 sets it), checked at the start of each compile, so
+    installing costs nothing per call and one check per compile."""
     global SINK
     if SINK is None:
         SINK = DebugDirSink().start()

@@ -92,7 +92,7 @@ def _source_line(frame: Any) -> str:
     if isinstance(frame, tuple) and len(frame) >= 4 and frame[3]:
         return str(frame[3]).strip()
     if isinstance(frame, dict):
-        return str(frame.get("loc") or "").strip()
+        return str(frame.get("code") or frame.get("loc") or "").strip()
     return ""
 
 

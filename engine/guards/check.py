@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable
 
 import torch
+import torch.utils._device as _utils_device
 
 from .guard import Guard, TensorMeta, global_state
 from .render import expression
@@ -16,6 +17,58 @@ from .render import expression
 
 def _global_state_tuple():
     return tuple(global_state().values())
+
+
+def _fast_global_state():
+    """The same values as global_state(), as a tuple, without building a dict."""
+    from .guard import global_state_tuple
+    return global_state_tuple()
+
+
+def _device_test(v: str, device: torch.device, k: str) -> str:
+    # `t.device` builds a torch.device per call; these flags are a third of the cost
+    if device.type == "cpu":
+        return f"{v}.is_cpu"
+    if device.type == "cuda" and device.index is not None:
+        return f"{v}.is_cuda and {v}.get_device() == {device.index}"
+    return f"{v}.device == {k}_device"
+
+
+# GLOBAL_STATE fields checked one by one with the cheapest C call for each (the slow path
+# and the rendering still use global_state()'s dict).
+_STATE_TESTS = {
+    "grad_mode": lambda v: f"___grad_enabled() is {bool(v)}",
+    "deterministic_algorithms": lambda v: f"___deterministic() is {bool(v)}",
+    "inference_mode": lambda v: f"___inference_mode() is {bool(v)}",
+}
+
+
+def _global_state_test(e: dict, k: str, ns: dict) -> str:
+    ns.update(___grad_enabled=torch._C.is_grad_enabled, ___deterministic=torch.are_deterministic_algorithms_enabled,
+              ___inference_mode=torch.is_inference_mode_enabled, ___utils_device=_utils_device,
+              ___default_dtype=torch.get_default_dtype, ___any_autocast=getattr(torch._C, "_is_any_autocast_enabled", None))
+    parts, rest = [], []
+    for name, value in e.items():
+        if name in _STATE_TESTS:
+            parts.append(_STATE_TESTS[name](value))
+        elif name == "default_dtype" and isinstance(getattr(torch, str(value).replace("torch.", ""), None), torch.dtype):
+            ns[k + "_dtype"] = getattr(torch, str(value).replace("torch.", ""))
+            parts.append(f"___default_dtype() is {k}_dtype")
+        elif name == "default_device":
+            ns[k + "_device"] = value
+            parts.append(f"___utils_device.CURRENT_DEVICE == {k}_device")
+        elif name.startswith("autocast_") and ns["___any_autocast"] is not None and not any(
+                e[n] for n in e if n.startswith("autocast_")):
+            if not any(p.startswith("(not ___any_autocast()") for p in parts):
+                # autocast off everywhere is one call; on for another device: compare the whole state
+                ns[k] = tuple(e.values())
+                parts.append(f"(not ___any_autocast() or ___global_state() == {k})")
+        else:
+            rest.append(name)
+    if rest:  # fields without a fast test: compare the whole state
+        ns[k] = tuple(e.values())
+        parts.append(f"___global_state() == {k}")
+    return " and ".join(parts) or "True"
 
 
 def _condition(g: Guard, i: int, ns: dict) -> str:
@@ -27,7 +80,7 @@ def _condition(g: Guard, i: int, ns: dict) -> str:
         ns[k + "_type"], ns[k + "_dtype"], ns[k + "_device"] = m.type, m.dtype, m.device
         ns[k + "_sizes"], ns[k + "_strides"] = tuple(m.sizes), tuple(m.strides)
         v = f"___t{i}"
-        head = (f"type({v} := {s}) is {k}_type and {v}.dtype is {k}_dtype and {v}.device == {k}_device "
+        head = (f"type({v} := {s}) is {k}_type and {v}.dtype is {k}_dtype and {_device_test(v, m.device, k)} "
                 f"and {v}.requires_grad is {bool(m.requires_grad)}")
         if None in m.sizes or None in m.strides:
             # symbolic dims (engine/shapes) are not compared here; SHAPE_ENV guards relate them
@@ -36,7 +89,7 @@ def _condition(g: Guard, i: int, ns: dict) -> str:
             checks += [f"{sz}[{d}] == {n}" for d, n in enumerate(m.sizes) if n is not None]
             checks += [f"{st}[{d}] == {n}" for d, n in enumerate(m.strides) if n is not None]
             return head + " and " + " and ".join(checks)
-        return head + f" and {v}.size() == {k}_sizes and {v}.stride() == {k}_strides"
+        return head + f" and {v}.shape == {k}_sizes and {v}.stride() == {k}_strides"
     if g.kind == "TYPE_MATCH":
         ns[k] = e
         return f"type({s}) is {k}"
@@ -57,8 +110,7 @@ def _condition(g: Guard, i: int, ns: dict) -> str:
         name, present = e
         return f"hasattr({s}, {name!r}) is {bool(present)}"
     if g.kind == "GLOBAL_STATE":
-        ns[k] = tuple(e.values())
-        return f"___global_state() == {k}"
+        return _global_state_test(e, k, ns)
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
     if g.kind == "SHAPE_ENV":  # a relation between sizes, already Python over L and G (engine/shapes)
@@ -84,7 +136,8 @@ class CompiledGuards:
 
 
 def _base_namespace() -> dict:
-    return {"___global_state": _global_state_tuple, "__builtins__": builtins, "sys": sys, "torch": torch}
+    from .guard import global_state_tuple
+    return {"___global_state": global_state_tuple, "__builtins__": builtins, "sys": sys, "torch": torch}
 
 
 def compile_guards(guards: list[Guard]) -> CompiledGuards:

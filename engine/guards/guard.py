@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any, Optional
 
 import torch
+import torch.utils._device as _utils_device
 
 UserFrame = tuple  # (filename, lineno, name, line)
 
@@ -45,6 +46,15 @@ class Guard:
         return (self.kind, self.source, type(self.expected).__name__, exp)
 
 
+def global_state_tuple() -> tuple:
+    """global_state().values(), cheaply: this runs on every cache hit."""
+    if _autocast_takes_device():
+        return (torch.is_grad_enabled(), str(torch.get_default_dtype()), torch.are_deterministic_algorithms_enabled(),
+                torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), torch.is_inference_mode_enabled())
+    return (torch.is_grad_enabled(), str(torch.get_default_dtype()), torch.are_deterministic_algorithms_enabled(),
+            torch.is_autocast_cpu_enabled(), torch.is_autocast_enabled(), torch.is_inference_mode_enabled())
+
+
 def global_state() -> dict:
     """The global torch state a graph depends on (what PyTorch's GLOBAL_STATE guard checks)."""
     return {
@@ -54,6 +64,8 @@ def global_state() -> dict:
         "autocast_cpu": torch.is_autocast_enabled("cpu") if _autocast_takes_device() else torch.is_autocast_cpu_enabled(),
         "autocast_cuda": torch.is_autocast_enabled("cuda") if _autocast_takes_device() else torch.is_autocast_enabled(),
         "inference_mode": torch.is_inference_mode_enabled(),
+        # torch.set_default_device(...) (PyTorch's DEFAULT_DEVICE guard reads the same variable)
+        "default_device": _utils_device.CURRENT_DEVICE,
     }
 
 

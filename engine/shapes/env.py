@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from typing import Any, Optional
 
 import sympy
 import torch
 from torch._guards import SLoc
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext, constrain_range
 
 import observe
 
@@ -142,4 +143,31 @@ def make_fake(mode: FakeTensorMode, tensor: torch.Tensor, source=None) -> torch.
     if all(d is DimDynamic.STATIC for d in dims) or not _dense_layout(tensor):
         return mode.from_tensor(tensor, static_shapes=True)
     ctx = StatelessSymbolicContext(dynamic_sizes=dims)
-    return mode.from_tensor(tensor, source=NamedSource(name), symbolic_context=ctx)
+    fake = mode.from_tensor(tensor, source=NamedSource(name), symbolic_context=ctx)
+    for d, (lo, hi) in (getattr(tensor, "_engine_dynamic_ranges", None) or {}).items():
+        size = fake.size(d)
+        if isinstance(size, torch.SymInt):  # mark_dynamic(t, d, min=, max=): narrow the symbol's range
+            constrain_range(size, min=lo, max=hi)
+    return fake
+
+
+_FRAME_ARG = re.compile(r"^L\[('[^']*'|\"[^\"]*\")\]$")
+
+
+def wrap_int(owner, value, source):
+    """A symbolic int for an int argument of the frame when the policy makes it dynamic,
+    else None (the caller specializes it with an EQUALS_MATCH guard)."""
+    if type(value) is not int or source is None:
+        return None
+    env = getattr(getattr(owner, "fake_mode", None), "shape_env", None)
+    if not isinstance(env, EngineShapeEnv):
+        return None
+    name = source.name()
+    if not _FRAME_ARG.match(name):
+        return None
+    code, dynamic = frame_options(owner)
+    if not policy.int_is_dynamic(code, name, value, dynamic):
+        return None
+    src = NamedSource(name)
+    expr = env.create_symbol(value, src, DimDynamic.DYNAMIC, positive=None, do_not_specialize_zero_one=True)
+    return env.create_symintnode(expr, hint=value, source=src)

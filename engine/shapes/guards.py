@@ -17,6 +17,7 @@ a size is read only once its tensor has passed TENSOR_MATCH."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Iterable, Optional
 
 import sympy
@@ -110,7 +111,9 @@ def shape_guard_texts(env: EngineShapeEnv) -> list[ShapeGuardText]:
             continue
         name = names[sym]
         frame = env.symbol_frames.get(sym)
-        if vr.lower not in (-int_oo, -sympy.oo) and vr.lower > 0:
+        # sizes and strides are never negative: a lower bound of 0 needs no guard for them
+        natural_lower = 0 if any(p in name for p in (".size()[", ".stride()[", ".storage_offset()")) else None
+        if vr.lower not in (-int_oo, -sympy.oo) and (natural_lower is None or vr.lower > natural_lower):
             add(f"{vr.lower} <= {name}", frame, "range")
         if vr.upper not in (int_oo, sympy.oo):
             add(f"{name} <= {vr.upper}", frame, "range")
@@ -155,8 +158,47 @@ def shape_guards(env, inputs: Iterable = ()) -> list[Guard]:
     return [Guard("SHAPE_ENV", "", t.text, t.user_frame) for t in texts]
 
 
+_FRAME_LINE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>[^\n]*)\n(?P<code>[^\n]*)')
+
+
+def _first_use_frames(graph) -> dict:
+    """Graph input source -> the user frame of the first graph op that reads it."""
+    out = {}
+    for node in graph.nodes:
+        if node.op != "placeholder" or "source" not in node.meta:
+            continue
+        for user in node.users:
+            m = None
+            for m in _FRAME_LINE.finditer(user.meta.get("stack_trace") or ""):
+                pass
+            if m is not None:
+                out[node.meta["source"]] = (m["file"], int(m["line"]), m["name"].strip(), m["code"].strip())
+                break
+    return out
+
+
+def attach_first_use(guards: list, graph) -> list:
+    """Inputs are wrapped before tracing starts, so their guards name no user line; give
+    each tensor guard the line that first used the tensor (as PyTorch's tree shows)."""
+    frames = None
+    out = []
+    for g in guards:
+        if g.user_frame is None and g.kind == "TENSOR_MATCH":
+            if frames is None:
+                frames = _first_use_frames(graph)
+            frame = frames.get(g.source)
+            if frame is not None:
+                g = dataclasses.replace(g, user_frame=frame)
+        out.append(g)
+    return out
+
+
 def finalize_guards(out) -> list[Guard]:
     """The guard list of a finished capture (an OutputGraph): its guards with tensor
-    matches relaxed at symbolic dims, then the shape guards."""
+    matches relaxed at symbolic dims and pointed at their first use, then the shape guards."""
     guards = relax_tensor_match(out.guard_list(), out.inputs)
+    try:
+        guards = attach_first_use(guards, out.graph)
+    except Exception:  # provenance is a nicety: never fail a compile over it
+        pass
     return guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs)

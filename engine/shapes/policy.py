@@ -74,3 +74,16 @@ def dim_policy(tensor, source: str, code, dynamic: Optional[bool], is_module_sta
     for d in auto - marked_static - marked_dynamic:
         dims[d] = DimDynamic.DUCK
     return dims
+
+
+def int_is_dynamic(code, source: str, value: int, dynamic: Optional[bool]) -> bool:
+    """Is this int argument of the frame (`L['n']`) symbolic? dynamic=True: yes;
+    dynamic=None: once a later compile sees another value (automatic dynamic, as PyTorch
+    does for ints); dynamic=False: never. Floats always specialize."""
+    if dynamic is False:
+        return False
+    if dynamic is True:
+        return True
+    if not config.automatic_dynamic_shapes or code is None:
+        return False
+    return bool(automatic_dynamic_dims(code, source, (value,)))

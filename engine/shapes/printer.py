@@ -24,6 +24,10 @@ class SourcePrinter(PythonPrinter):
         op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
         return f"{self._print(lhs)} {op} {self._print(rhs)}"
 
+    def _print_ToFloat(self, expr) -> str:
+        # guards and generated code see plain ints, never SymInts: float() is exact there
+        return f"float({self._print(expr.args[0])})"
+
     def _print_Not(self, expr) -> str:
         return f"not ({self._print(expr.args[0])})"
 

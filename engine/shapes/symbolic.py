@@ -96,17 +96,8 @@ def _placeholder(env: EngineShapeEnv, sym: sympy.Symbol):
     node.meta["source"] = name
     proxy = torch.fx.Proxy(node, out.tracer)
     env.symbol_placeholders[sym] = proxy
-    out.inputs.append((source, _real_value(out, name), None))
+    out.inputs.append((source, hint, None))  # the value the capture saw: the backend's example input
     return proxy
-
-
-def _real_value(out, name: str) -> int:
-    """Evaluate `L['x'].size()[0]` against the real tensor the capture was given."""
-    for source, real, _vt in out.inputs:
-        base = source.name()
-        if name.startswith(base + ".") and isinstance(real, torch.Tensor):
-            return eval("___v" + name[len(base):], {"___v": real})
-    raise KeyError(name)
 
 
 def _build(env, expr):
@@ -149,4 +140,69 @@ def to_proxy(value):
         return [to_proxy(v) for v in value]
     if isinstance(value, slice):
         return slice(to_proxy(value.start), to_proxy(value.stop), to_proxy(value.step))
+    return value
+
+
+# Functions whose result is text (or an identity) built from the value: on a symbol they
+# would see "s0", not the size. Their arguments are specialized first (a guard pins them).
+TEXT_FUNCTIONS = {str, repr, format, ascii, hash, id, chr, hex, oct, bin}
+
+
+def specialize(value):
+    """`value` with every symbolic int/float/bool replaced by its current value; each one
+    adds a guard, so the entry is only used when the sizes are those again."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.Size):
+        return torch.Size([specialize(v) for v in value])
+    if type(value) in (tuple, list):
+        return type(value)(specialize(v) for v in value)
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return type(value)(*(specialize(v) for v in value))
+    if isinstance(value, dict):
+        return {k: specialize(v) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(specialize(value.start), specialize(value.stop), specialize(value.step))
+    return value
+
+
+def needs_specializing(fn, args, kwargs=None) -> bool:
+    """Would calling `fn` at trace time turn a symbol into text?"""
+    if not (any(_deep_symbolic(a) for a in args) or (kwargs and any(_deep_symbolic(v) for v in kwargs.values()))):
+        return False
+    if fn in TEXT_FUNCTIONS:
+        return True
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, (str, bytes)) or getattr(fn, "__objclass__", None) in (str, bytes) or (
+        fn is operator.mod and args and isinstance(args[0], (str, bytes)))
+
+
+def _deep_symbolic(v) -> bool:
+    if has_symbolic(v):
+        return True
+    if isinstance(v, dict):
+        return any(_deep_symbolic(x) for x in v.values())
+    if isinstance(v, tuple):
+        return any(_deep_symbolic(x) for x in v)
+    return False
+
+
+# Functions that only look at the type: a symbolic int is an int to them (no guard needed).
+TYPE_FUNCTIONS = {isinstance, type, callable}
+
+
+def as_plain_types(value):
+    """`value` with each symbolic number replaced by its current value, without a guard:
+    only for calls that look at nothing but the type."""
+    if isinstance(value, SYM_TYPES):
+        hint = value.node.hint
+        if hint is None:
+            return specialize(value)
+        return {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}[type(value)](hint)
+    if type(value) in (tuple, list):
+        return type(value)(as_plain_types(v) for v in value)
     return value

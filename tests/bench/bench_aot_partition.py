@@ -78,19 +78,20 @@ def torchs(model, x, partition_fn, decomps):
     return fn, stats
 
 
-def step_time(fn, model, x, iters, repeats=5):
-    """Best of `repeats` averages of a forward+backward step, in ms (the machine is shared)."""
-    params = list(model.parameters())
-    for _ in range(3):
-        fn(x).sum().backward()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(iters):
-            for p in params:
-                p.grad = None
+def step_times(paths: dict, x, rounds: int) -> dict:
+    """Fastest single forward+backward step of each path, in ms. Paths take turns, one
+    step each, so a busy machine slows them all alike; the minimum filters the noise."""
+    best = {name: float("inf") for name in paths}
+    for fn, model in paths.values():
+        for _ in range(3):
             fn(x).sum().backward()
-        best = min(best, (time.perf_counter() - start) / iters * 1e3)
+    for _ in range(rounds):
+        for name, (fn, model) in paths.items():
+            for p in model.parameters():
+                p.grad = None
+            start = time.perf_counter()
+            fn(x).sum().backward()
+            best[name] = min(best[name], (time.perf_counter() - start) * 1e3)
     return best
 
 
@@ -100,36 +101,40 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     torch.manual_seed(0)
     base = Block(args.dim, args.heads, args.seq)
     x = torch.randn(args.batch, args.seq, args.dim)
     from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-    rows = []
+    rows, paths = [], {}
     for label, partitioner, decomps in [("ours default (aot_eager)", "default", False),
                                         ("ours default + decomps", "default", True),
                                         ("ours min_cut (aot_eager_decomp_partition)", "min_cut", True)]:
         model = copy.deepcopy(base)
         fn, stats = ours(model, x, partitioner, decomps)
-        rows.append((label, stats, step_time(fn, model, x, args.iters)))
+        rows.append((label, stats))
+        paths[label] = (fn, model)
     for label, pfn, decomps in [("torch default_partition", default_partition, False),
                                 ("torch aot_eager_decomp_partition (min-cut)",
                                  lambda *a, **k: min_cut_rematerialization_partition(*a, compiler="inductor", **k), True)]:
         model = copy.deepcopy(base)
         fn, stats = torchs(model, x, pfn, decomps)
-        rows.append((label, stats, step_time(fn, model, x, args.iters)))
+        rows.append((label, stats))
+        paths[label] = (fn, model)
     model = copy.deepcopy(base)
-    eager_ms = step_time(model, model, x, args.iters)
+    paths["eager"] = (model, model)
+    ms = step_times(paths, x, args.rounds)
+    eager_ms = ms["eager"]
 
     print(f"transformer block: batch={args.batch} seq={args.seq} dim={args.dim} heads={args.heads}, "
           f"x = {x.numel() * 4} bytes, torch {torch.__version__}")
     print(f"{'partitioner':45s} {'saved':>6s} {'saved bytes':>12s} {'activations':>12s} {'recomputed':>10s} "
           f"{'step ms':>8s} {'vs eager':>8s}")
-    for label, s, ms in rows:
+    for label, s in rows:
         print(f"{label:45s} {s['tensors']:6d} {s['bytes']:12d} {s['activations']:12d} {str(s['recomputed']):>10s} "
-              f"{ms:8.2f} {ms / eager_ms:7.2f}x")
+              f"{ms[label]:8.2f} {ms[label] / eager_ms:7.2f}x")
     print(f"{'eager':45s} {'':6s} {'':12s} {'':12s} {'':>10s} {eager_ms:8.2f} {1.0:7.2f}x")
     ours_mc = rows[2][1]["activations"]
     torch_mc = rows[4][1]["activations"]

@@ -2,7 +2,7 @@
 the "inductor" backend) on a pointwise chain, LayerNorm+GELU, softmax, RMSNorm, an MLP and
 a small transformer block (inference and a training step).
 
-Prints, per model: runtime (median ms), speedup of each compiler over eager, ours vs
+Prints, per model: runtime (best and median of interleaved rounds, ms), speedup of each compiler over eager, ours vs
 torch.compile, and cold and warm compile times (warm: the same graphs compiled again in a
 fresh compiler state, kernels from the on-disk caches).
 
@@ -109,23 +109,32 @@ def models():
     yield "transformer block train step", TrainStep(Block(256, 4)), (torch.randn(8 // s, 128, 256),), True
 
 
-def bench(fn, args, train, reps):
-    def run():
-        if train:
-            out = fn(*args)
-            out.backward()
-            return out
-        with torch.no_grad():
-            return fn(*args)
-    for _ in range(3):
-        run()
-    times = []
+def step(fn, args, train):
+    if train:
+        out = fn(*args)
+        out.backward()
+        return out
+    with torch.no_grad():
+        return fn(*args)
+
+
+def bench_interleaved(fns, args, train, reps):
+    """Time the callables round-robin (one call each per round), so that a machine shared
+    with other work slows them alike; report each one's best and median round."""
+    for fn in fns:
+        for _ in range(3):
+            step(fn, args, train)
+    times = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            step(fn, args, train)
+            times[k].append(time.perf_counter() - t0)
+    out = []
+    for ts in times:
+        ts.sort()
+        out.append((ts[0] * 1e3, ts[len(ts) // 2] * 1e3))
+    return out
 
 
 def first_call(fn, args, train):
@@ -146,16 +155,15 @@ def main():
     rows = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu: {ours_cache.cpu_id()}")
     for name, model, args, train in models():
-        eager_ms = bench(model, args, train, reps)
         # cold compiles: empty caches for both
         torch._dynamo.reset()
         tc = torch.compile(model)
         tc_cold = first_call(tc, args, train)
-        tc_ms = bench(tc, args, train, reps)
         engine.reset()
         ours = engine.compile(model)
         ours_cold = first_call(ours, args, train)
-        ours_ms = bench(ours, args, train, reps)
+        (eager_ms, eager_med), (tc_ms, tc_med), (ours_ms, ours_med) = bench_interleaved(
+            [model, tc, ours], args, train, reps)
         # warm compiles: fresh compiler state, kernels from the disk caches
         torch._dynamo.reset()
         tc_warm = first_call(torch.compile(model), args, train)
@@ -163,10 +171,10 @@ def main():
         ours_cache._loaded.clear()
         ours_warm = first_call(engine.compile(model), args, train)
         rows.append((name, eager_ms, tc_ms, ours_ms, tc_cold, ours_cold, tc_warm, ours_warm))
-        print(f"{name:32s} eager {eager_ms:8.3f} ms | torch.compile {tc_ms:8.3f} ms ({eager_ms / tc_ms:5.2f}x) | "
-              f"ours {ours_ms:8.3f} ms ({eager_ms / ours_ms:5.2f}x) | ours/torch.compile speed "
-              f"{tc_ms / ours_ms:5.2f}x | compile cold {tc_cold:6.2f}s vs ours {ours_cold:6.2f}s, "
-              f"warm {tc_warm:5.2f}s vs ours {ours_warm:5.2f}s", flush=True)
+        print(f"{name:30s} best (median) ms: eager {eager_ms:7.2f} ({eager_med:7.2f}) | torch.compile {tc_ms:7.2f} "
+              f"({tc_med:7.2f}) {eager_ms / tc_ms:5.2f}x | ours {ours_ms:7.2f} ({ours_med:7.2f}) "
+              f"{eager_ms / ours_ms:5.2f}x | ours vs torch.compile {tc_ms / ours_ms:5.2f}x | compile cold "
+              f"{tc_cold:5.2f}s vs ours {ours_cold:5.2f}s, warm {tc_warm:4.2f}s vs ours {ours_warm:4.2f}s", flush=True)
     import math
     g = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))
     print(f"geomean speedup over eager: torch.compile {g([r[1] / r[2] for r in rows]):.2f}x, "

@@ -278,6 +278,8 @@ def main(argv=None):
         r["wall_s"] = time.perf_counter() - t0
         results.append(r)
         _print_row(r, bw)
+        _write_json(args, {"device": dev, "torch": torch.__version__, "copy_GBps": bw, "partial": True,
+                           "results": results})     # so far: a later crash or timeout loses nothing
         torch.cuda.empty_cache()
 
     print()
@@ -306,12 +308,18 @@ def main(argv=None):
     summary = {"device": dev, "torch": torch.__version__, "copy_GBps": bw, "quick": args.quick,
                "max_autotune": args.max_autotune, "geomean_torch_compile": g_tc, "geomean_ours": g_ours,
                "results": results}
+    path = _write_json(args, summary)
+    if path:
+        print(f"results written to {path}")
+    return 0
+
+
+def _write_json(args, summary):
     path = args.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as fh:
             json.dump(summary, fh, indent=1, default=str)
-        print(f"results written to {path}")
-    return 0
+    return path
 
 
 def _print_row(r, bw):

@@ -6,7 +6,8 @@
 
 Each run starts from an empty output directory after a `sync`, and the two tools take
 turns, so both see the same page cache and disk. Wall time is measured around the child
-process, peak memory is the child's ru_maxrss (os.wait4). Prints both and the ratios
+process, CPU time and peak memory are the child's ru_utime + ru_stime and ru_maxrss
+(os.wait4; CPU time is the steadier number on a busy machine). Prints both and the ratios
 (ours / reference: lower is better; the goal is <= 0.5 for time and <= 0.33 for memory).
 """
 
@@ -25,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_REF = os.path.join(ROOT, ".venv", "reference-tlparse", "bin", "tlparse")
 
 
-def run_once(cmd: list[str], out: str) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS MiB, exit status) of one run."""
+def run_once(cmd: list[str], out: str) -> tuple[float, float, float, int]:
+    """(wall seconds, CPU seconds (user + sys), peak RSS MiB, exit status) of one run."""
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
     start = time.perf_counter()
@@ -37,7 +38,7 @@ def run_once(cmd: list[str], out: str) -> tuple[float, float, int]:
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if proc.returncode:
         print(f"  {cmd[0]} exited {proc.returncode}: {err[-500:]}", file=sys.stderr)
-    return wall, usage.ru_maxrss / 1024.0, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, proc.returncode
 
 
 def du(path: str) -> tuple[int, int]:
@@ -66,29 +67,31 @@ def main() -> None:
         tools["reference"] = [args.reference, args.trace]
     else:
         print(f"reference tlparse not found at {args.reference}: measuring ours only")
-    results: dict[str, list[tuple[float, float]]] = {k: [] for k in tools}
+    results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in tools}
     outs = {k: f"/tmp/tlparse_bench/out_{k}" for k in tools}
     print(f"trace: {args.trace} ({size_mb:.0f} MiB), {args.runs} run(s) each, alternating")
     for i in range(args.runs):
         for name, cmd in tools.items():
-            wall, rss, rc = run_once(cmd, outs[name])
-            results[name].append((wall, rss))
-            print(f"  run {i + 1} {name:9s} wall {wall:6.2f} s   peak RSS {rss:7.1f} MiB   exit {rc}")
+            wall, cpu, rss, rc = run_once(cmd, outs[name])
+            results[name].append((wall, cpu, rss))
+            print(f"  run {i + 1} {name:9s} wall {wall:6.2f} s   cpu {cpu:6.2f} s   peak RSS {rss:7.1f} MiB   exit {rc}")
     print()
-    print(f"{'tool':10s} {'wall (median)':>14s} {'wall (min)':>11s} {'peak RSS':>10s} {'output':>16s}")
+    print(f"{'tool':10s} {'wall (median)':>14s} {'wall (min)':>11s} {'cpu (median)':>13s} {'peak RSS':>10s} "
+          f"{'output':>16s}")
     summary = {}
     for name, rs in results.items():
-        walls = [w for w, _ in rs]
-        rss = max(r for _, r in rs)
+        walls = [w for w, _, _ in rs]
+        cpus = [c for _, c, _ in rs]
+        rss = max(r for _, _, r in rs)
         files, size = du(outs[name])
-        summary[name] = (statistics.median(walls), min(walls), rss)
-        print(f"{name:10s} {statistics.median(walls):12.2f} s {min(walls):9.2f} s {rss:7.0f} MiB "
-              f"{files:6d} files {size / 2**20:4.0f} MiB")
+        summary[name] = (statistics.median(walls), min(walls), statistics.median(cpus), rss)
+        print(f"{name:10s} {statistics.median(walls):12.2f} s {min(walls):9.2f} s {statistics.median(cpus):11.2f} s "
+              f"{rss:7.0f} MiB {files:6d} files {size / 2**20:4.0f} MiB")
     if "reference" in summary:
         o, r = summary["ours"], summary["reference"]
         print()
         print(f"ratio ours/reference: wall {o[0] / r[0]:.2f} (median), {o[1] / r[1]:.2f} (min); "
-              f"peak RSS {o[2] / r[2]:.2f}   [goal: wall <= 0.50, memory <= 0.33]")
+              f"cpu {o[2] / r[2]:.2f}; peak RSS {o[3] / r[3]:.2f}   [goal: wall <= 0.50, memory <= 0.33]")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def heuristic(s: Shape) -> Config:
         xb = _clamp(target // rb, 1, next_pow2(s.xnumel))
         if not s.x_contiguous:
             xb = min(xb, 64)
-        warps = _clamp(next_pow2(max(1, xb * rb // 512)), 2, 16)
+        # measured on H100 (bf16 rows of 4096/8192): 4 warps for 4096, 8 for 8192
+        warps = _clamp(next_pow2(max(1, xb * rb // 1024)), 2, 16)
         return Config(xb, rb, warps)
     if s.x_contiguous:      # rows are strided, columns contiguous: wide in x, short in r
         xb = _clamp(next_pow2(s.xnumel), 1, 64)

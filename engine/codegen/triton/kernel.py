@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import sympy
 import torch
@@ -205,6 +206,7 @@ class TritonKernel:
             if ph.inner != ():
                 self.groups.append((list(ph.inner_vars), list(ph.inner), self.rflat))
         self.symbols: set = set()
+        self._rdefined = None           # inner ranges whose rmask/r vars are defined (persistent)
         self.reduction = any(ph.inner != () for ph in fk.phases)
         self.r_numels = [numel(ph.inner) for ph in fk.phases if ph.inner != ()]
         static = all(n.is_Integer for n in self.r_numels)
@@ -276,6 +278,8 @@ class TritonKernel:
         for s in (target, top) if target is not top else (top,):
             if key in s.cache:
                 return s.cache[key]
+        if v.kind == "load" and (v.name, str(v.extra)) in self.locals:
+            return self.locals[(v.name, str(v.extra))][0]       # a value this kernel computed
         expr = self._expr(v, target, top, mask_ctx)
         if v.kind == "const":
             return expr
@@ -415,12 +419,14 @@ class TritonKernel:
                         stored_in_kernel.add(m.name)
                     self.locals[(m.name, str(m.store_index))] = (val, False)
                 continue
-            reads = {ld.name for m in ph.members for ld in V.loads(m.value)}
+            reads = {ld.name for m in ph.members for ld in V.loads(m.value)
+                     if (ld.name, str(ld.extra)) not in self.locals}
             if reads & stored_in_kernel and not self.persistent:
                 top.lines.append(f"{ind}tl.debug_barrier()")
             self._phase(ph, top, stored_in_kernel)
 
-        symbols = sorted(self.symbols, key=str)
+        top.lines = _drop_unused_vars(top.lines, {str(v) for v in fk.outer_vars} | {str(v) for v in self.r_vars})
+        symbols = sorted({s for s in self.symbols if _used(str(s), top.lines)}, key=str)
         # Under the CPU interpreter a runtime scalar cannot bound range() (numpy 2 refuses
         # int() of its 1-element array): there, size symbols are constexpr.
         sym_params = [f"{s}: tl.constexpr" if self.interpret else str(s) for s in symbols]
@@ -460,14 +466,19 @@ class TritonKernel:
         ind = top.indent
         rn = numel(ph.inner)
         rn_s = self.index(rn)
+        ridx = index_var("rindex", rn)
         if self.persistent:
             scope = top
-            top.lines.append(f"{ind}rmask = rindex < {rn_s}")
+            if self._rdefined == ph.inner:
+                rdefs = []
+            else:
+                rdefs = [f"{ind}rmask = rindex < {rn_s}"] + [
+                    f"{ind}{var} = {self.index(e)}" for var, e in zip(ph.inner_vars, unflatten(ridx, ph.inner))]
+                self._rdefined = ph.inner
         else:
             scope = _Scope(ind + "    ")
-        # r vars from the flattened inner index
-        ridx = index_var("rindex", rn)
-        rdefs = [f"{scope.indent}{var} = {self.index(e)}" for var, e in zip(ph.inner_vars, unflatten(ridx, ph.inner))]
+            # r vars from the flattened inner index
+            rdefs = [f"{scope.indent}{var} = {self.index(e)}" for var, e in zip(ph.inner_vars, unflatten(ridx, ph.inner))]
         accs = []
         pre = []
         for m in ph.members:
@@ -487,7 +498,10 @@ class TritonKernel:
             scope.lines.append(f"{scope.indent}rindex = roffset + tl.arange(0, RBLOCK)[None, :]"
                                + (".to(tl.int64)" if self.int64 else ""))
             scope.lines.append(f"{scope.indent}rmask = rindex < {rn_s}")
-        scope.lines.extend(rdefs)
+        if self.persistent:
+            top.lines.extend(rdefs)
+        else:
+            scope.lines.extend(rdefs)
         saved = dict(self.locals)
         flat = "rindex"
         results = []
@@ -583,6 +597,21 @@ class TritonKernel:
             return "1" if big else "0"
         info = torch.iinfo(dt)
         return str(info.max if big else info.min)
+
+
+def _used(name: str, lines) -> bool:
+    pat = re.compile(rf"\b{re.escape(name)}\b")
+    return any(pat.search(ln.split("=", 1)[1] if re.match(rf"\s*{re.escape(name)} = ", ln) else ln)
+               for ln in lines)
+
+
+def _drop_unused_vars(lines, names):
+    """Loop variable definitions nothing reads (flat indexing made them unnecessary)."""
+    out = list(lines)
+    for name in names:
+        if not _used(name, out):
+            out = [ln for ln in out if not re.match(rf"\s*{re.escape(name)} = ", ln)]
+    return out
 
 
 def _collapse(e, vars_, sizes, flat):

@@ -17,6 +17,34 @@ import observe
 from .heuristics import Config, Shape, candidates, heuristic
 
 _modules: dict = {}
+_executor = []
+
+
+def _pool():
+    if not _executor:
+        from concurrent.futures import ThreadPoolExecutor
+        _executor.append(ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2))), thread_name_prefix="triton-compile"))
+    return _executor[0]
+
+
+def precompile_graph(fn, args) -> None:
+    """Run a wrapper's _precompile; it is only an optimization, so a failure is logged and
+    the kernels compile at their first launch instead."""
+    try:
+        fn(args)
+    except Exception as exc:
+        observe.log("inductor", logging.DEBUG, "triton precompile skipped: %s: %s", type(exc).__name__, exc)
+
+
+def wait_precompiled(futures) -> None:
+    """Wait for precompile jobs; a failure only means the launch compiles it itself."""
+    for f in futures:
+        if f is None:
+            continue
+        try:
+            f.result()
+        except Exception as exc:
+            observe.log("inductor", logging.DEBUG, "triton precompile failed (compiled at launch): %s", exc)
 
 
 def triton_dir() -> str:
@@ -99,6 +127,17 @@ class Launcher:
             return
         cfg = self.config_for(args, xnumel, rnumel)
         self._launch(cfg, args, xnumel)
+
+    def precompile(self, *args, xnumel, rnumel=1):
+        """Compile (no launch) the binary the first call will need, on a worker thread:
+        Triton's JIT spends most of its time outside the GIL (LLVM, ptxas), so the kernels
+        of a graph compile side by side instead of one after another."""
+        if self.autotune or self.interpret or xnumel == 0:
+            return None
+        cfg = self.config_for(args, xnumel, rnumel)
+        grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)
+        kw = cfg.kwargs(self.kind == "reduction")
+        return _pool().submit(self.fn.warmup, *args, xnumel, grid=grid, **kw)
 
     def _launch(self, cfg: Config, args, xnumel):
         grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)

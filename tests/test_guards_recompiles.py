@@ -1,0 +1,136 @@
+"""Recompiles: what TORCH_LOGS=recompiles / recompiles_verbose show, the cache limits and
+the eager fallback after them, and the guard tree and reasons in TORCH_TRACE."""
+
+import contextlib
+import glob
+import json
+import os
+import warnings
+
+import pytest
+import torch
+
+import engine
+import observe
+from observe import trace
+from engine.capture import runtime
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    engine.reset()
+    yield
+    engine.reset()
+
+
+@contextlib.contextmanager
+def logs(*names):
+    out = []
+
+    def sink(e):
+        if e.name == "log":
+            out.append(e.metadata["msg"] % e.metadata["args"])
+        else:
+            out.append(e.payload_fn() if e.payload_fn else str(e.metadata))
+
+    observe.subscribe(sink, logs=list(names))
+    try:
+        yield out
+    finally:
+        observe.unsubscribe(sink)
+
+
+def entries(fn):
+    return runtime.cache_for(fn.__code__).entries
+
+
+def fn(x):
+    return x * 2 + 1
+
+
+def test_a_size_change_is_explained_with_the_failing_guard():
+    f = engine.compile(fn, backend="eager", dynamic=False)
+    f(torch.randn(3, 3))
+    with logs("recompiles") as lines:
+        f(torch.randn(4, 3))
+    assert lines == [
+        f"Recompiling function fn in {__file__}:{fn.__code__.co_firstlineno}\n"
+        "    triggered by the following guard failure(s):\n"
+        "    - 0/0: tensor 'L['x']' size mismatch at index 0. expected 3, actual 4"]
+
+
+def scale(x, c):
+    return x * c
+
+
+def test_a_new_float_constant_recompiles_and_the_log_says_which():
+    f = engine.compile(scale, backend="eager")
+    x = torch.randn(3)
+    f(x, 0.5)
+    with logs("recompiles") as lines:
+        f(x, 1.5)
+        f(x, torch.tensor(2.5))       # a tensor is not specialized on its value
+        f(x, torch.tensor(3.5))
+    assert len(lines) == 2
+    assert "- 0/0: L['c'] == 0.5" in lines[0]
+    assert len(entries(scale)) == 3
+
+
+def test_recompiles_verbose_lists_every_failure_of_every_entry():
+    f = engine.compile(scale, backend="eager", dynamic=False)
+    f(torch.randn(3), 0.5)
+    f(torch.randn(4), 0.5)
+    with logs("recompiles_verbose") as lines:
+        f(torch.randn(5, dtype=torch.float64), 1.5)
+    text = lines[0]
+    assert "guard 0 failures:" in text and "guard 1 failures:" in text
+    assert "- 0/1: tensor 'L['c']'" not in text
+    assert "- 0/1: tensor 'L['x']' dtype mismatch. expected torch.float32, actual torch.float64" in text
+    assert "- 0/1: L['c'] == 0.5" in text
+    assert "- 0/0: L['c'] == 0.5" in text
+
+
+def test_cache_size_limit_warns_once_and_then_runs_eagerly():
+    f = engine.compile(scale, backend="eager")
+    x = torch.randn(3)
+    with engine.config.patch(cache_size_limit=3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for c in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+                assert torch.equal(f(x, c), x * c)
+        assert len(entries(scale)) == 3
+        msgs = [str(w.message) for w in caught if "cache_size_limit" in str(w.message)]
+        assert len(msgs) == 1
+        assert msgs[0].startswith("engine hit config.cache_size_limit (3)\n")
+        assert f"function: 'scale' ({__file__}:{scale.__code__.co_firstlineno})" in msgs[0]
+        assert "last reason: 0/2: L['c'] == 3.0" in msgs[0]
+        assert torch.equal(f(x, 2.0), x * 2.0)     # an existing entry still serves hits
+
+
+def test_accumulated_cache_size_limit_counts_every_entry_of_the_frame():
+    x = torch.randn(3)
+    with engine.config.patch(cache_size_limit=100, accumulated_cache_size_limit=2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            a = engine.compile(scale, backend="eager")
+            b = engine.compile(scale, backend="eager")   # other options: its own entries, same frame
+            a(x, 1.0)
+            b(x, 1.0)
+            assert torch.equal(a(x, 3.0), x * 3.0)
+        assert any("engine hit config.accumulated_cache_size_limit (2)" in str(w.message) for w in caught)
+    assert len(entries(scale)) == 2
+
+
+def test_guard_trees_and_recompile_reasons_are_in_torch_trace(tmp_path):
+    trace.start(str(tmp_path))
+    try:
+        f = engine.compile(fn, backend="eager", dynamic=False)
+        f(torch.randn(3))
+        f(torch.randn(4))
+    finally:
+        trace.stop()
+    text = "".join(open(p).read() for p in glob.glob(os.path.join(str(tmp_path), "*")))
+    assert text.count('{"dynamo_cpp_guards_str"') == 2
+    assert "TREE_GUARD_MANAGER:" in text
+    assert '"name": "recompile_reasons"' in text
+    assert "tensor 'L['x']' size mismatch at index 0. expected 3, actual 4" in text
