@@ -88,6 +88,24 @@ def test_no_commands_on_a_pipe_continues_with_a_note(tmp_path):
     assert "RESULT [10.0, 10.0, 10.0, 10.0]" in p.stdout
 
 
+def test_an_open_pipe_with_no_commands_times_out_instead_of_hanging(tmp_path):
+    script = tmp_path / "user_program.py"
+    script.write_text(textwrap.dedent(PRINT_IN_THE_MIDDLE))
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               ENGINE_DEBUGGER_STDIN_TIMEOUT="1")
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        proc.wait(timeout=120)  # stdin stays open and silent; the output is small enough for the pipes
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert proc.returncode == 0, err
+    assert "no command on stdin within 1 s" in out
+    assert "RESULT [10.0, 10.0, 10.0, 10.0]" in out
+
+
 def session(fn, args, commands, kwargs=None):
     out = io.StringIO()
     with debug(commands, out=out):
@@ -248,6 +266,61 @@ def test_regions_come_from_the_bytecode_builder():
             assert re.search(rf"\s{inst.offset}\s+{inst.opname}\b.*\[{inst.region}\]", listing), inst
     stack = text.split("(bdb) stack")[1].split("(bdb)")[0].splitlines()[1:]
     assert stack[0] == "  [0] NULL" and "add" in stack[1] and "tensor([1., 1.])" in stack[2]
+
+
+COUNTER = 0
+
+
+class Base:
+    def __init__(self, v):
+        self.v = v
+
+    def get(self):
+        return self.v
+
+
+class Child(Base):
+    def get(self):
+        return super().get() * 10
+
+
+def _slices_and_methods(xs):
+    ys = list(xs)
+    ys[1:3] = [9, 9]
+    del ys[0]
+    head, *tail = ys[:4]
+    return ys[::-1], head, tail, "-".join(str(y) for y in ys), {k: v for k, v in zip("ab", ys)}, {*ys}
+
+
+def _control_flow(n):
+    global COUNTER
+    out, i = [], 0
+    while True:
+        i += 1
+        if i % 2 == 0:
+            continue
+        if i > n:
+            break
+        out.append(i if i < 5 else -i)
+    COUNTER += 1
+    return out, 1 < n <= 10, not out, n and out[-1], [j for j in range(n) for k in range(j) if k == 1]
+
+
+def _objects(k):
+    c = Child(k)
+    c.extra = [k] * 2
+    text = f"{c.get():05d}|{c.extra!s}|{k:.2f}"
+    del c.extra
+    return c.get(), hasattr(c, "extra"), text, isinstance(c, Base), (lambda a, *b, z=3, **w: (a, b, z, w))(1, 2, q=4)
+
+
+@pytest.mark.parametrize("fn,args", [(_slices_and_methods, ([1, 2, 3, 4, 5],)), (_control_flow, (7,)),
+                                     (_objects, (3,))], ids=lambda v: getattr(v, "__name__", ""))
+def test_evaluator_agrees_with_cpython(fn, args):
+    before = COUNTER
+    expected = fn(*args)
+    assert EvalFrame(fn, args).run_to_end() == expected
+    assert COUNTER == before + (2 if fn is _control_flow else 0)  # global stores land in the real globals
 
 
 def test_evaluator_matches_cpython_and_refuses_what_it_does_not_model():

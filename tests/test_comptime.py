@@ -312,6 +312,19 @@ def test_get_local_errors_are_clear():
     assert errors == {"ok": True}
 
 
+def test_a_failing_comptime_function_is_reported_and_results_stay_right(capsys):
+    @engine.compile(backend="eager")
+    def fn(x):
+        comptime(lambda ctx: ctx.get_local("x").as_python_constant())  # a tensor is no constant
+        return x + 1
+
+    x = torch.randn(2)
+    assert torch.equal(fn(x), x + 1)
+    err = capsys.readouterr().err
+    assert "[comptime] comptime function" in err and "raised while tracing" in err
+    assert "NotImplementedError" in err and "is not a Python constant" in err
+
+
 def test_eager_calls_are_harmless(capsys):
     comptime.breakpoint()                     # nothing happens outside a compile
     comptime.print_graph()

@@ -11,7 +11,8 @@ import sys
 from typing import BinaryIO, Optional
 
 from . import interpret
-from .html_util import code_block, esc, page, write_file
+from .html_util import code_block, esc, page
+from .writer import FileWriter
 from .model import Artifact, BreakGroup, Compile, CompileKey, Unparsed, compile_label, compile_slug
 from .reader import Record, decode_json, read_records
 
@@ -130,6 +131,7 @@ class Collector:
         self._spool_path = os.path.join(root, ".tlparse-spool")
         self._spool = open(self._spool_path, "w+b")
         self._spool_end = 0
+        self.files = FileWriter()
         self.plain = plain
         self.search = search
         self.timeline = timeline
@@ -258,7 +260,8 @@ class Collector:
         return data.decode("utf-8", "replace")
 
     def close(self) -> None:
-        """Drop the spool (after the pages are written)."""
+        """Finish writing the pages and drop the spool."""
+        self.files.close()
         if self._spool is not None:
             self._spool.close()
             self._spool = None
@@ -312,7 +315,7 @@ class Collector:
         # One flat folder: a mkdir per compile costs more than it helps on big traces.
         if self.plain:
             rel = f"artifacts/{comp.slug}-{n}_{safe}.txt"
-            write_file(os.path.join(self.root, rel), mask_volatile(payload))
+            self.files.submit(os.path.join(self.root, rel), mask_volatile(payload))
         else:
             rel = f"artifacts/{comp.slug}-{n}_{safe}.html"
             text = payload.decode("utf-8", "replace")
@@ -320,7 +323,7 @@ class Collector:
             body = (f'<h1>{esc(label)} {esc(title or name)}</h1><p class="muted">'
                     f'<a href="../compiles/{comp.slug}.html">compile {esc(label)}</a> · trace line {lineno} · '
                     f'{len(payload):,} bytes</p>\n{code_block(text, lang)}')
-            write_file(os.path.join(self.root, rel), page(f"{label} {title or name}", body, depth=1))
+            self.files.submit(os.path.join(self.root, rel), page(f"{label} {title or name}", body, depth=1))
             if self.search is not None and name not in ("torch_version",) and encoding != "json":
                 self.search.add_code(f"{label} {name}", rel, text,
                                      md5 if isinstance(md5, str) else hashlib.md5(payload).hexdigest())

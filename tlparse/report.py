@@ -12,7 +12,7 @@ from typing import Optional
 
 from . import __version__, assets, stacktrie
 from .collect import Collector, SearchWriter
-from .html_util import code_block, esc, fmt_seconds, page, table, write_file
+from .html_util import code_block, esc, fmt_seconds, page, table
 from .interpret import base_entry, resume_target
 from .model import Compile
 
@@ -246,7 +246,8 @@ def write_compile_pages(col: Collector, out: str) -> None:
             note = f"<p class=muted>{c.events_dropped} more in raw.jsonl</p>" if c.events_dropped else ""
             parts.append(f"<h2>Other events</h2><details><summary>{len(c.events)} events</summary>"
                          + table(["attempt", "event", "trace line", "data"], rows) + note + "</details>")
-        write_file(os.path.join(out, "compiles", f"{c.slug}.html"), page(f"{c.label} {frame_name(c)}", "\n".join(parts), depth=1))
+        col.files.submit(os.path.join(out, "compiles", f"{c.slug}.html"),
+                         page(f"{c.label} {frame_name(c)}", "\n".join(parts), depth=1))
 
 
 def _fmt_metric(v) -> str:

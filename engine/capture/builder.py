@@ -120,7 +120,8 @@ class Builder:
             return vt
         if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
                               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
-                              types.MethodDescriptorType, types.ClassMethodDescriptorType)) or callable(value) and not hasattr(value, "__dict__"):
+                              types.MethodDescriptorType, types.ClassMethodDescriptorType)) or \
+                (callable(value) and not hasattr(value, "__dict__")):
             out.add_guard("ID_MATCH", source, value)
             vt = ObjectVariable(value, source)
             out.remember(value, vt)

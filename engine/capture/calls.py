@@ -213,9 +213,8 @@ def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closu
             raise GraphBreak("GB0011", f"closure of {name}")
         for fname, cell in zip(code.co_freevars, closure):
             cells[fname] = cell
-    # MAKE_CELL in the callee would re-wrap; mark the cells as made
+    # the callee's MAKE_CELL finds its cells already made (Frame.MAKE_CELL skips them)
     child = Frame(tx.out, code, f_globals, globals_source, local_vars, cells, parent=tx, fn_name=name)
-    child._cells_ready = True
     result = child.run()
     if child.generator_values is not None:
         return IteratorVariable(child.generator_values, types.GeneratorType)
@@ -763,8 +762,7 @@ def bi_dataclass_fields(tx, args, kwargs):
     v = args[0]
     cls = v.cls if isinstance(v, ObjectVariable) and v.is_new else tx.as_python(v) if not isinstance(v, ObjectVariable) \
         else (v.value if isinstance(v.value, type) else type(v.value))
-    return tx.out.builder.wrap_sourceless(dataclasses.fields(cls)) if False else \
-        TupleVariable([ObjectVariable(f) for f in dataclasses.fields(cls)])
+    return TupleVariable([ObjectVariable(f) for f in dataclasses.fields(cls)])
 
 
 def bi_is_dataclass(tx, args, kwargs):
@@ -911,10 +909,16 @@ def _call_weakref(tx, ref_vt, args):
     return tx.out.builder.wrap_sourceless(target)
 
 
+def _set_grad_enabled_fn(tx, args, kwargs):
+    tx.out.set_grad_enabled(bool(tx.as_python(args[0])))
+    return ConstantVariable(None)
+
+
 def _state_queries():
     import torch.backends.mha as mha
     import torch.overrides as overrides
     table = {
+        torch._C._set_grad_enabled: _set_grad_enabled_fn,
         torch.jit.is_scripting: _fixed(False), torch.jit.is_tracing: _fixed(False),
         torch._C._get_tracing_state: _fixed(None), mha.get_fastpath_enabled: _query(mha.get_fastpath_enabled),
         torch.is_autocast_enabled: _query(torch.is_autocast_enabled),

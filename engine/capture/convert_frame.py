@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import traceback
 import types
@@ -121,7 +122,17 @@ def report_cache_limit(code, entries, L, G, limit_name: str = "cache_size_limit"
            'To log all recompilation reasons, use TORCH_LOGS="recompiles".\n'
            "To diagnose recompilation issues, see docs/guards.md.")
     observe.log("recompiles", logging.WARNING, "%s", msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    warnings.warn(msg, RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The stacklevel of the first frame outside engine/ (the user's call)."""
+    engine_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, f = 1, sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(engine_dir):
+        level += 1
+        f = f.f_back
+    return level
 
 
 def _emit_recompile_reasons(code, previous, L, G) -> None:
@@ -359,9 +370,6 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     else:
         plan = _break_plan(frame, stop.inst, code)
         needed = plan[1]
-    if out.grad_enabled != out.initial_state["grad_mode"] and stop is not None:
-        # a break while a grad-mode change is in effect (outside a with-block: set_grad_enabled(False))
-        pass
     needed = list(needed)
     for vt in out.mutated:
         needed.append(vt)
@@ -667,8 +675,6 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
             cg.emit("graph_break", "if not __c:")
             cg.emit("graph_break", f"    return {resume_call(resumes[1], '__c', len(below))}")
             cg.emit("resume_call", f"return {resume_call(resumes[0], None, len(below))}")
-    if not code.co_freevars and not code.co_cellvars:
-        pass
 
 
 def _first_line(code) -> int:

@@ -240,7 +240,6 @@ class Frame:
     PRECALL = NOP
     EXTENDED_ARG = NOP
     CACHE = NOP
-    MAKE_CELL_DONE = NOP
 
     def RETURN_GENERATOR(self, inst):
         self.push(ConstantVariable(None))
@@ -734,7 +733,7 @@ class Frame:
                 self.out.set_grad_enabled(ctx.target)
             self.push(ConstantVariable(None))
             return
-        if isinstance(ctx, ObjectVariable):
+        if isinstance(ctx, ObjectVariable) and not _is_torch_function(ctx.cls):
             enter = self.getattr(ctx, "__enter__")
             exit_ = self.getattr(ctx, "__exit__")
             if isinstance(enter, BoundMethodVariable) and enter.fn is not None and exit_.fn is not None:
@@ -886,8 +885,8 @@ class Frame:
         if isinstance(v, ObjectVariable):
             val = v.value
             if isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
-                return [self.out.builder.wrap_sourceless(x) if not isinstance(val, torch.nn.Sequential)
-                        else self.out.builder.wrap_sourceless(x) for x in val]
+                    # items get the sources registered for the module tree (register_module_tree)
+                return [self.out.builder.wrap_sourceless(x) for x in val]
             if isinstance(val, torch.nn.ModuleDict):
                 return [ConstantVariable(k) for k in val.keys()]
             if isinstance(val, torch.nn.ParameterDict):
@@ -1014,10 +1013,9 @@ class Frame:
         inplace = op in INPLACE_TO_OUT
         # sequences
         if isinstance(a, ListVariable) and isinstance(b, (ListVariable, TupleVariable)) and inplace and base is operator.add:
-            if isinstance(b, TupleVariable) or True:
-                a.items.extend(b.items)
-                self.out.note_mutation(a)
-                return a
+            a.items.extend(b.items)  # list += iterable mutates the list in place
+            self.out.note_mutation(a)
+            return a
         if isinstance(a, (ListVariable, TupleVariable)) and isinstance(b, type(a)) and base is operator.add:
             if isinstance(a, TupleVariable):
                 return TupleVariable(a.items + b.items)
@@ -1132,7 +1130,7 @@ class Frame:
                 src = None
                 if obj.source is not None:
                     if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
-                        src = AttrSource(obj.source, str(i)) if False else GetItemSource(obj.source, i)
+                        src = GetItemSource(obj.source, i)
                     else:
                         n = len(m)
                         src = GetItemSource(obj.source, i if i >= 0 else i + n)
@@ -1460,7 +1458,7 @@ class Frame:
             ckw = {k: self.as_python(v) for k, v in kwargs.items()}
             return self.const_apply(getattr(t.fake, name), cargs, ckw)
         if name == "type" and not args and not kwargs:
-            return ConstantVariable(t.fake.type().replace("torch.", "torch.") if False else _type_string(t.fake))
+            return ConstantVariable(_type_string(t.fake))
         if name in ("__setitem__",):
             self.setitem(t, args[0], args[1])
             return ConstantVariable(None)

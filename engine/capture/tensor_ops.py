@@ -101,8 +101,9 @@ def is_torch_op(fn) -> bool:
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
     name = getattr(fn, "__name__", "")
-    if name in _NOT_IN_GRAPH:
-        return False
+    if name in _NOT_IN_GRAPH or name.startswith(("set_", "_set_", "_enter_", "_exit_", "_push_", "_pop_")) or \
+            "seed" in name or "rng_state" in name:
+        return False  # changes global state: never a graph node, and never run at trace time
     if isinstance(fn, types.BuiltinFunctionType):
         mod = getattr(fn, "__module__", None) or ""
         if mod.startswith("torch"):

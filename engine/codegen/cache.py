@@ -28,6 +28,20 @@ CXX = os.environ.get("CXX", "g++")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
          "-fno-trapping-math", "-w"]
 
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+if _has_avx512():
+    # g++ prefers 256-bit vectors by default; 512-bit ones double libmvec's exp/tanh/erf
+    # throughput (measured: tanh 1.46 -> 0.70 ms on 4M floats, eager 0.73 ms)
+    FLAGS.append("-mprefer-vector-width=512")
+
 _loaded: dict[str, ctypes.CDLL] = {}
 
 

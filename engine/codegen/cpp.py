@@ -345,7 +345,9 @@ class CppKernel:
                     top.lines.append(f"{ind}{T} {acc} = {init};")
                     top.lines.append(f"{ind}int64_t {acc}_i = 0;")
                 else:
-                    init = {"sum": "0", "prod": "1", "any": "false", "all": "true"}.get(rt)
+                    if rt in ("any", "all"):
+                        T = "int"
+                    init = {"sum": "0", "prod": "1", "any": "0", "all": "1"}.get(rt)
                     if init is None:
                         if dt == torch.bool:
                             init = "false" if rt == "max" else "true"
@@ -361,10 +363,10 @@ class CppKernel:
             if rt in ("max", "min"):
                 clauses.append(f"reduction({rt}:{acc})")
                 if m.value.dtype.is_floating_point:
-                    top.lines.append(f"{ind}bool {acc}_nan = false;")
-                    clauses.append(f"reduction(||:{acc}_nan)")
+                    top.lines.append(f"{ind}int {acc}_nan = 0;")
+                    clauses.append(f"reduction(|:{acc}_nan)")
             elif rt in ("sum", "prod", "any", "all"):
-                clauses.append(f"reduction({ {'sum': '+', 'prod': '*', 'any': '||', 'all': '&&'}[rt] }:{acc})")
+                clauses.append(f"reduction({ {'sum': '+', 'prod': '*', 'any': '|', 'all': '&'}[rt] }:{acc})")
         red_clause = " ".join(clauses) if simd_ok else ""
         n = len(ph.inner)
         for k, (var, size) in enumerate(zip(inner_vars, ph.inner)):
@@ -384,15 +386,15 @@ class CppKernel:
                 elif rt == "prod":
                     scope.lines.append(f"{scope.indent}{acc} = {acc} * {val};")
                 elif rt == "any":
-                    scope.lines.append(f"{scope.indent}{acc} = {acc} || {val};")
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} | int({val} != 0);")
                 elif rt == "all":
-                    scope.lines.append(f"{scope.indent}{acc} = {acc} && {val};")
+                    scope.lines.append(f"{scope.indent}{acc} = {acc} & int({val} != 0);")
                 elif rt in ("max", "min"):
                     cmp = ">" if rt == "max" else "<"
                     scope.lines.append(f"{scope.indent}{acc} = ({val} {cmp} {acc}) ? {val} : {acc};")
                     if m.value.dtype.is_floating_point:
                         # NaN wins, as in eager; tracked apart so the loop still vectorizes
-                        scope.lines.append(f"{scope.indent}{acc}_nan = {acc}_nan || ({val} != {val});")
+                        scope.lines.append(f"{scope.indent}{acc}_nan = {acc}_nan | ({val} != {val});")
                 else:
                     cmp = ">" if rt == "argmax" else "<"
                     flat = self.index(sum((v * s for v, s in zip(inner_vars, _strides(ph.inner))), sympy.Integer(0)))

@@ -127,6 +127,10 @@ class FrameView:
     region_origin: str = ""
     stop_after: Optional[int] = 0     # instructions to run before the next stop (None: continue)
 
+    @property
+    def jump_targets(self) -> set:
+        return {id(i.target) for i in self.frame.instructions if i.target is not None}
+
 
 def _label_instructions(frame: EvalFrame, entry, source: Optional[str]) -> tuple[list, str]:
     """Set each instruction's region from what the code generator recorded; return the
@@ -257,7 +261,7 @@ class Session:
 
     def _format(self, view: FrameView, inst, current=False) -> str:
         bp = "B" if inst.offset in self.breakpoints.get(view.frame.code, ()) else " "
-        return bp + format_instruction(inst, current=current)
+        return bp + format_instruction(inst, current=current, is_target=id(inst) in view.jump_targets)
 
     def listing(self, view: FrameView, lo: Optional[int] = None, hi: Optional[int] = None,
                 whole: bool = False) -> None:

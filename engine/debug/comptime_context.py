@@ -18,6 +18,7 @@ import builtins
 import os
 import pdb
 import sys
+import traceback
 import types
 from typing import Any, Optional, TextIO
 
@@ -334,7 +335,13 @@ def trace_call(tx, args, kwargs):
         except GraphBreak:
             raise
         except Exception as exc:
+            # the engine turns errors while tracing into a graph break (the call then runs
+            # eagerly, where comptime(fn) does nothing): say what went wrong, loudly
             name = getattr(fn, "__qualname__", repr(fn))
+            filename, lineno, _, _ = tx.user_frame()
+            sys.stderr.write(f"[comptime] comptime function {name} raised while tracing "
+                             f"{os.path.basename(filename)}:{lineno}:\n")
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
             raise RuntimeError(f"comptime function {name} raised {type(exc).__name__}: {exc}") from exc
 
     return _run(tx, body)

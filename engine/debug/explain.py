@@ -76,23 +76,14 @@ def explain(fn, *extra_args, **extra_kwargs):
             graphs.append(gm)
             return gm.forward
 
-        seen_guards = []
-
         def on_event(event):
             md = event.metadata
-            if event.name == "graph_break":
-                stack = [(f["filename"], f["line"], f["name"], f.get("code", "")) for f in md.get("user_stack", [])]
-                result.break_reasons.append(BreakReason(md["reason"], stack, md["graph_break_id"], md["hint"],
-                                                        md.get("explanation", "")))
-            elif event.name == "dynamo_cpp_guards_str":
-                seen_guards.append(event)
+            stack = [(f["filename"], f["line"], f["name"], f.get("code", "")) for f in md.get("user_stack", [])]
+            result.break_reasons.append(BreakReason(md["reason"], stack, md["graph_break_id"], md["hint"],
+                                                    md.get("explanation", "")))
 
         captured_guards = []
-
-        def on_guards(event):
-            pass
-
-        observe.subscribe(on_event, events=["graph_break", "dynamo_cpp_guards_str"])
+        observe.subscribe(on_event, events=["graph_break"])
         try:
             from ..capture import runtime
             before = {code: list(c.entries) for code, c in runtime._CACHES.items()}

@@ -9,6 +9,7 @@ symbol is reported on the bus (`create_symbol` event, `dynamic` log)."""
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import logging
 import os
 import re
@@ -51,6 +52,7 @@ class EngineShapeEnv(ShapeEnv):
         self.owner = owner
         self.symbol_frames: dict = {}        # symbol -> user frame at its creation
         self.symbol_placeholders: dict = {}  # symbol -> fx proxy of its graph input
+        self._entry_frame: Optional[tuple] = None
         super().__init__(**kwargs)
         self.log = _QUIET  # what torch's ShapeEnv would log, we report on the bus ourselves
 
@@ -63,9 +65,19 @@ class EngineShapeEnv(ShapeEnv):
         except Exception:
             frame = None
         if frame is None and owner is not None and getattr(owner, "f_code", None) is not None:
-            code = owner.f_code  # inputs are wrapped before tracing starts: name the function
-            frame = (code.co_filename, code.co_firstlineno, code.co_name, "")
+            frame = self.entry_frame()  # inputs are wrapped before tracing starts
         return frame
+
+    def entry_frame(self) -> tuple:
+        """The first line of the function body: where its inputs come in. (Guards made
+        there are later pointed at the first line using each input; see shapes.guards.)"""
+        if self._entry_frame is None:
+            code = self.owner.f_code
+            line = next((ln for _s, _e, ln in code.co_lines() if ln is not None and ln > code.co_firstlineno),
+                        code.co_firstlineno)
+            text = linecache.getline(code.co_filename, line).strip()
+            self._entry_frame = (code.co_filename, line, code.co_name, text)
+        return self._entry_frame
 
     def _get_stack_summary(self, is_debug: bool = False, framework_loc: Optional[str] = None):
         frame = self.current_user_frame()
@@ -77,6 +89,14 @@ class EngineShapeEnv(ShapeEnv):
             i += 1
         self.unique_ids.add(i)
         return i
+
+    def _log_guard(self, prefix: str, g, forcing_spec: bool) -> None:
+        # torch's version walks the Python stack and writes torch's own trace; ours names the
+        # user line from the interpreter and reports on the bus
+        frame = self.current_user_frame()
+        observe.log("dynamic", logging.INFO, "%s %s [guard added] at %s", prefix, g, format_user_frame(frame))
+        if observe.enabled("guard_added_fast"):
+            observe.emit("guard_added_fast", {"expr": str(g), "user_stack": _user_stack(frame), "stack": []})
 
     def create_symbol(self, val, source, *args, **kwargs):
         known = set(self.var_to_sources)
@@ -94,10 +114,13 @@ def _report_symbol(env: EngineShapeEnv, sym, val, src: str, frame) -> None:
     where = format_user_frame(frame)
     observe.log("dynamic", logging.INFO, "create_symbol %s = %s for %s %s at %s", sym, val, src, rng, where)
     if observe.enabled("create_symbol"):
-        user_stack = [] if not frame else [{"line": frame[1], "name": frame[2], "filename": frame[0],
-                                             "loc": (frame[3] or "").strip()}]
         observe.emit("create_symbol", {"symbol": str(sym), "val": repr(val), "vr": rng, "source": src,
-                                       "user_stack": user_stack, "stack": []})
+                                       "user_stack": _user_stack(frame), "stack": []})
+
+
+def _user_stack(frame) -> list:
+    return [] if not frame else [{"line": frame[1], "name": frame[2], "filename": frame[0],
+                                  "loc": (frame[3] or "").strip()}]
 
 
 def new_fake_mode(owner=None) -> FakeTensorMode:

@@ -17,6 +17,7 @@ a size is read only once its tensor has passed TENSOR_MATCH."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Iterable, Optional
 
@@ -136,28 +137,50 @@ def shape_guard_texts(env: EngineShapeEnv) -> list[ShapeGuardText]:
     return out
 
 
-def stride_guard_texts(env: EngineShapeEnv, inputs: Iterable) -> list[ShapeGuardText]:
-    """Symbolic strides follow from the sizes (`L['x'].stride()[0] == L['x'].size()[1]`)."""
+def input_guard_texts(env: EngineShapeEnv, inputs: Iterable) -> list[ShapeGuardText]:
+    """Each symbolic size and stride of each input, tied to its canonical form
+    (`L['x'].stride()[0] == L['x'].size()[1]`, `L['y'].size()[0] == L['x'].size()[0]`).
+    Needed beyond the symbols' own sources: a FakeTensor is shared by every source of one
+    real tensor (an input that is also another input's view base), and strides that follow
+    from sizes have no symbol of their own."""
     names = symbol_names(env)
     out = []
     for source, _real, vt in inputs:
         fake = getattr(vt, "fake", None)
         if not isinstance(fake, torch.Tensor):
             continue
-        for i, st in enumerate(fake.stride()):
-            if _is_symbolic(st):
-                rhs = python_text(env.simplify(st.node.expr), names)
-                out.append(ShapeGuardText(f"{source.name()}.stride()[{i}] == {rhs}", None, "stride"))
+        base = source.name()
+        for prop, values in (("size", fake.size()), ("stride", fake.stride())):
+            for i, v in enumerate(values):
+                if not _is_symbolic(v):
+                    continue
+                lhs = f"{base}.{prop}()[{i}]"
+                rhs = python_text(env.simplify(v.node.expr), names)
+                if lhs != rhs:
+                    out.append(ShapeGuardText(f"{lhs} == {rhs}", None, prop))
     return out
 
 
-def shape_guards(env, inputs: Iterable = ()) -> list[Guard]:
+def shape_guards(env, inputs: Iterable = (), first_use: Optional[dict] = None) -> list[Guard]:
     if not isinstance(env, EngineShapeEnv) or not env.var_to_sources:
         return []
-    texts = stride_guard_texts(env, inputs) + shape_guard_texts(env)
-    return [Guard("SHAPE_ENV", "", t.text, t.user_frame) for t in texts]
+    texts = input_guard_texts(env, inputs) + shape_guard_texts(env)
+    seen: set = set()
+    texts = [t for t in texts if not (t.text in seen or seen.add(t.text))]
+    out = []
+    for t in texts:
+        frame = t.user_frame
+        if first_use and (frame is None or frame is env._entry_frame):
+            # made while wrapping the inputs (no line yet): name the first line using the tensor
+            for src, f in first_use.items():
+                if t.text.find(src + ".") >= 0:
+                    frame = f
+                    break
+        out.append(Guard("SHAPE_ENV", "", t.text, frame))
+    return out
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FRAME_LINE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<name>[^\n]*)\n(?P<code>[^\n]*)')
 
 
@@ -168,24 +191,22 @@ def _first_use_frames(graph) -> dict:
         if node.op != "placeholder" or "source" not in node.meta:
             continue
         for user in node.users:
-            m = None
-            for m in _FRAME_LINE.finditer(user.meta.get("stack_trace") or ""):
-                pass
-            if m is not None:
-                out[node.meta["source"]] = (m["file"], int(m["line"]), m["name"].strip(), m["code"].strip())
+            frames = [(m["file"], int(m["line"]), m["name"].strip(), m["code"].strip())
+                      for m in _FRAME_LINE.finditer(user.meta.get("stack_trace") or "")]
+            if frames:
+                # the innermost frame of the user's own code, not of torch functions inlined into it
+                mine = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+                out[node.meta["source"]] = (mine or frames)[-1]
                 break
     return out
 
 
-def attach_first_use(guards: list, graph) -> list:
+def attach_first_use(guards: list, frames: dict) -> list:
     """Inputs are wrapped before tracing starts, so their guards name no user line; give
     each tensor guard the line that first used the tensor (as PyTorch's tree shows)."""
-    frames = None
     out = []
     for g in guards:
         if g.user_frame is None and g.kind == "TENSOR_MATCH":
-            if frames is None:
-                frames = _first_use_frames(graph)
             frame = frames.get(g.source)
             if frame is not None:
                 g = dataclasses.replace(g, user_frame=frame)
@@ -198,7 +219,8 @@ def finalize_guards(out) -> list[Guard]:
     matches relaxed at symbolic dims and pointed at their first use, then the shape guards."""
     guards = relax_tensor_match(out.guard_list(), out.inputs)
     try:
-        guards = attach_first_use(guards, out.graph)
+        first_use = _first_use_frames(out.graph)
+        guards = attach_first_use(guards, first_use)
     except Exception:  # provenance is a nicety: never fail a compile over it
-        pass
-    return guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs)
+        first_use = {}
+    return guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs, first_use)

@@ -5,7 +5,7 @@ measured side by side in one run.
     .venv/bin/python tests/bench/bench_guard_overhead.py [--calls N] [--repeat R]
 
 Two programs: `f(x) = x + 1` on a one-element tensor, and a frame with 20 guarded inputs
-(20 tensors). The reported time is the best of R rounds of N calls, per call."""
+(20 tensors). The reported time is the best of R interleaved rounds of N calls, per call."""
 
 from __future__ import annotations
 
@@ -26,22 +26,26 @@ def twenty(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
             + a18 + a19)
 
 
-def per_call_us(fn, args, calls: int, repeat: int) -> float:
-    for _ in range(50):
-        fn(*args)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def per_call_us(fns: list, args, calls: int, repeat: int) -> list[float]:
+    """Best per-call time of each function; rounds interleave the functions so that a busy
+    machine slows them all alike."""
+    for fn in fns:
+        for _ in range(200):
             fn(*args)
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e6
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            best[i] = min(best[i], (time.perf_counter() - t0) / calls)
+    return [b * 1e6 for b in best]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--repeat", type=int, default=20)
     a = ap.parse_args()
     import torch._dynamo  # the anchor, measured beside us (tests/bench may use it)
 
@@ -57,9 +61,7 @@ def main() -> None:
         ours = engine.compile(fn, backend="eager")
         expect = fn(*args)
         assert torch.equal(tc(*args), expect) and torch.equal(ours(*args), expect)
-        t_eager = per_call_us(fn, args, a.calls, a.repeat)
-        t_torch = per_call_us(tc, args, a.calls, a.repeat)
-        t_ours = per_call_us(ours, args, a.calls, a.repeat)
+        t_eager, t_torch, t_ours = per_call_us([fn, tc, ours], args, a.calls, a.repeat)
         print(f"{name:<22}{t_eager:>9.2f}{t_torch:>15.2f}{t_ours:>9.2f}   {t_ours / t_torch:>11.2f}x"
               f"{t_ours - t_eager:>14.2f}{t_torch - t_eager:>13.2f}")
 

@@ -57,9 +57,11 @@ def heuristic(s: Shape) -> Config:
         # measured on H100 (bf16 rows of 4096/8192): 4 warps for 4096, 8 for 8192
         warps = _clamp(next_pow2(max(1, xb * rb // 1024)), 2, 16)
         return Config(xb, rb, warps)
-    if s.x_contiguous:      # rows are strided, columns contiguous: wide in x, short in r
-        xb = _clamp(next_pow2(s.xnumel), 1, 64)
-        return Config(xb, 64 if not s.interpret else 256, 8)
+    if s.x_contiguous:      # reducing over a leading dim: a few contiguous columns, many rows per step
+        # measured on H100 (bf16 [16384, 1024|4096] summed over rows): 8 x 256, 8 warps
+        # beats 64 x 64 by 3x (more programs, longer r steps)
+        xb = _clamp(next_pow2(s.xnumel), 1, 8)
+        return Config(xb, 256 if not s.interpret else 1024, 8)
     rb = _clamp(next_pow2(s.rnumel), 16, 2048 if not s.interpret else 1 << 14)
     return Config(1, rb, _clamp(rb // 256, 2, 8))
 
@@ -81,7 +83,8 @@ def candidates(s: Shape) -> list[Config]:
                 if 32 * w <= xb * rb:
                     out.append(Config(xb, rb, w))
     else:
-        for xb, rb in ((1, 1024), (1, 2048), (1, 4096), (2, 1024), (8, 256), (32, 64), (64, 64), (64, 16)):
+        for xb, rb in ((1, 1024), (1, 2048), (1, 4096), (2, 1024), (8, 256), (8, 512), (16, 256), (32, 128),
+                       (64, 64)):
             if xb > next_pow2(s.xnumel):
                 continue
             for w in (4, 8):

@@ -210,7 +210,11 @@ class TritonKernel:
         self.reduction = any(ph.inner != () for ph in fk.phases)
         self.r_numels = [numel(ph.inner) for ph in fk.phases if ph.inner != ()]
         static = all(n.is_Integer for n in self.r_numels)
-        self.persistent = self.reduction and static and max(int(n) for n in self.r_numels) <= PERSISTENT_MAX
+        self.x_contiguous = self._x_contiguous()
+        # a whole row in one tile, unless the rows are strided (a leading-dim reduction):
+        # then short r steps over many contiguous columns load better
+        self.persistent = self.reduction and static and max(int(n) for n in self.r_numels) <= (
+            PERSISTENT_MAX if not self.x_contiguous else 512)
         self.int64 = self._needs_int64()
         self.index_type = "tl.int64" if self.int64 else "tl.int32"
         self.big_index = 2 ** 62 if self.int64 else 2 ** 31 - 1
@@ -437,7 +441,7 @@ class TritonKernel:
         return KernelSource(fk.name, src, list(self.params), set(self.written), set(self.read), symbols,
                             "reduction" if self.reduction else "pointwise", self.persistent, xnumel,
                             self._rnumel(),
-                            self._x_contiguous(), elem)
+                            self.x_contiguous, elem)
 
     def _rnumel(self):
         if not self.r_numels:

@@ -27,6 +27,16 @@ def _pool():
     return _executor[0]
 
 
+def _compile_job(fn, args, grid, kw, device):
+    kernel = fn.warmup(*args, grid=grid, **kw)
+    if device is not None and hasattr(kernel, "_init_handles"):
+        # also load the binary and build its C launcher (a gcc run per new signature)
+        import torch
+        torch.cuda.set_device(device)
+        kernel._init_handles()
+    return kernel
+
+
 def precompile_graph(fn, args) -> None:
     """Run a wrapper's _precompile; it is only an optimization, so a failure is logged and
     the kernels compile at their first launch instead."""
@@ -137,7 +147,8 @@ class Launcher:
         cfg = self.config_for(args, xnumel, rnumel)
         grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)
         kw = cfg.kwargs(self.kind == "reduction")
-        return _pool().submit(self.fn.warmup, *args, xnumel, grid=grid, **kw)
+        device = next((a.device.index for a in args if hasattr(a, "device") and a.device.type == "cuda"), None)
+        return _pool().submit(_compile_job, self.fn, (*args, xnumel), grid, kw, device)
 
     def _launch(self, cfg: Config, args, xnumel):
         grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)
