@@ -15,6 +15,8 @@ import types
 
 import torch
 
+import observe
+
 from .. import config
 from .builder import is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
@@ -215,7 +217,8 @@ def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closu
             cells[fname] = cell
     # the callee's MAKE_CELL finds its cells already made (Frame.MAKE_CELL skips them)
     child = Frame(tx.out, code, f_globals, globals_source, local_vars, cells, parent=tx, fn_name=name)
-    result = child.run()
+    with observe.stage("trace_function", fn_name=code.co_name, filename=code.co_filename, lineno=code.co_firstlineno):
+        result = child.run()
     if child.generator_values is not None:
         return IteratorVariable(child.generator_values, types.GeneratorType)
     return result

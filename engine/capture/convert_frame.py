@@ -170,7 +170,6 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
     frame_id = frame_id_for(code)
     compile_index = cache.compiles
     cache.compiles += 1
-    _emit_recompile_reasons(code, previous, L, G)
     shapes.set_frame_options(code, options.dynamic)
     start = time.time()
     metrics = {
@@ -193,6 +192,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
             cid = observe.CompileId(frame_id, compile_index, attempt)
             with observe.compile_context(cid):
                 if attempt == 0:
+                    _emit_recompile_reasons(code, previous, L, G)
                     observe.log("dynamo", logging.INFO, "engine start compiling %s %s:%s", code.co_name,
                                 code.co_filename, code.co_firstlineno)
                     observe.emit("dynamo_start", {"stack": _caller_stack() + [
@@ -412,7 +412,8 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         metrics["graph_node_count"] = len(graph.nodes)
         metrics["graph_input_count"] = len(placeholders)
         t0 = time.time()
-        with observe.stage("backend_compile", backend=options.backend_name):
+        with observe.stage("backend_compile", backend=options.backend_name, graph_module=gm,
+                           example_inputs=real_inputs):
             try:
                 compiled = options.backend(gm, real_inputs)
             except Exception as exc:

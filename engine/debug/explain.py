@@ -36,24 +36,10 @@ class ExplainOutput:
     compile_times: str = ""
 
     def __str__(self) -> str:
-        lines = [f"Graph Count: {self.graph_count}", f"Graph Break Count: {self.graph_break_count}",
-                 f"Op Count: {self.op_count}", "Break Reasons:"]
-        for i, r in enumerate(self.break_reasons):
-            lines.append(f"  Break Reason {i + 1}:")
-            lines.append(f"    Reason: [{r.graph_break_id}] {r.reason}")
-            lines.append(f"    Hint: {r.hint}")
-            lines.append("    User Stack:")
-            for f in r.user_stack:
-                lines.append(f"      {f[0]}:{f[1]} in {f[2]}" + (f"\n        {f[3].strip()}" if f[3] else ""))
-        lines.append("Ops per Graph:")
-        for i, ops in enumerate(self.ops_per_graph):
-            lines.append(f"  Ops {i + 1}:")
-            lines.extend(f"    {op}" for op in ops)
-        lines.append("Out Guards:")
-        for g in self.out_guards:
-            from ..guards import render_guard
-            lines.append(f"  {render_guard(g)}")
-        return "\n".join(lines) + "\n"
+        # PyTorch's layout; styled with rich only when printed to a terminal.
+        from .explain_render import render
+
+        return render(self)
 
 
 def _op_name(node) -> str:
@@ -66,7 +52,7 @@ def _op_name(node) -> str:
 
 
 def explain(fn, *extra_args, **extra_kwargs):
-    from ..api import compile as engine_compile, reset
+    from ..api import OptimizedModule, compile as engine_compile, reset
 
     def run(*args, **kwargs):
         result = ExplainOutput()
@@ -83,11 +69,13 @@ def explain(fn, *extra_args, **extra_kwargs):
                                                     md.get("explanation", "")))
 
         captured_guards = []
+        reset()  # like torch._dynamo.explain: count this program's graphs, not what earlier calls cached
+        target = fn._orig_mod if isinstance(fn, OptimizedModule) else getattr(fn, "_engine_orig", fn)
         observe.subscribe(on_event, events=["graph_break"])
         try:
             from ..capture import runtime
             before = {code: list(c.entries) for code, c in runtime._CACHES.items()}
-            compiled = engine_compile(fn, backend=counting_backend)
+            compiled = engine_compile(target, backend=counting_backend)
             compiled(*args, **kwargs)
             for code, c in runtime._CACHES.items():
                 old = before.get(code, [])
