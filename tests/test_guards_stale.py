@@ -251,3 +251,23 @@ def test_closure_values_are_guarded():
     x = torch.randn(3)
     check(f2, add2, x)
     check(f3, add3, x)     # same code object, a different cell value
+
+
+def test_a_state_entry_keeps_hitting_while_the_state_lasts():
+    f = engine.compile(grad_sensitive, backend="eager")
+    x = torch.randn(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(3):
+            f(x)
+    torch.set_default_device("cpu")
+    try:
+        for _ in range(3):
+            f(x)
+    finally:
+        torch.set_default_device(None)
+    assert len(entries(grad_sensitive)) == 2
+
+
+def test_the_global_state_tuple_matches_the_state_dict():
+    from engine.guards.guard import global_state, global_state_tuple
+    assert tuple(global_state().values()) == global_state_tuple()

@@ -272,3 +272,18 @@ def test_inputs_that_are_views_of_each_other_stay_correct():
         b = torch.randn(n, n)
         for args in [(b, b.t()), (b[0], b[1:]), (b.view(-1), b)]:
             assert same(f(*args), plus_shape(*args))
+
+
+def test_config_knobs_change_the_default_policy():
+    with engine.config.patch(automatic_dynamic_shapes=False):
+        f = engine.compile(double, backend="eager")
+        for n in (2, 3, 4):
+            f(torch.randn(n, 3))
+        assert len(entries(double)) == 3
+    engine.reset()
+    with engine.config.patch(assume_static_by_default=False):
+        f = engine.compile(double, backend="eager")
+        for n in (2, 3, 4):
+            x = torch.randn(n, 3)
+            assert same(f(x), double(x))
+        assert len(entries(double)) == 1

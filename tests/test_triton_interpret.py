@@ -120,6 +120,14 @@ def test_reductions_over_leading_and_several_dims():
     check(lambda t: t.sum(), x, rtol=1e-4, atol=1e-4)
 
 
+def test_leading_dim_reduction_through_a_view_tiles_wide_in_x():
+    # a bias gradient: the rows are strided, the columns contiguous (behind cat's index math)
+    c = check(lambda a, b: torch.cat([a, b * 2], 1).sum(0), torch.randn(600, 8), torch.randn(600, 4),
+              rtol=1e-4, atol=1e-4)
+    (ks,) = c.triton_kernels.values()
+    assert ks.x_contiguous and not ks.persistent
+
+
 def test_argmax_and_bool_reductions():
     x = torch.randn(9, 33)
     x[2, 5] = x[2, 20] = 10.0          # ties: first index

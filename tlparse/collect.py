@@ -131,6 +131,7 @@ class Collector:
         self._spool_path = os.path.join(root, ".tlparse-spool")
         self._spool = open(self._spool_path, "w+b")
         self._spool_end = 0
+        self._spool_dirty = False
         self.files = FileWriter()
         self.plain = plain
         self.search = search
@@ -246,6 +247,7 @@ class Collector:
     # ---- the spool
     def spill(self, data: bytes) -> tuple[int, int]:
         self._spool.write(data)
+        self._spool_dirty = True
         ref = (self._spool_end, len(data))
         self._spool_end += len(data)
         return ref
@@ -253,11 +255,10 @@ class Collector:
     def unspill(self, ref: Optional[tuple[int, int]]) -> str:
         if not ref:
             return ""
-        self._spool.flush()
-        self._spool.seek(ref[0])
-        data = self._spool.read(ref[1])
-        self._spool.seek(0, os.SEEK_END)
-        return data.decode("utf-8", "replace")
+        if self._spool_dirty:   # one flush, then positioned reads that leave the file offset alone
+            self._spool.flush()
+            self._spool_dirty = False
+        return os.pread(self._spool.fileno(), ref[1], ref[0]).decode("utf-8", "replace")
 
     def close(self) -> None:
         """Finish writing the pages and drop the spool."""

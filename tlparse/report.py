@@ -158,15 +158,27 @@ QUICK = [("graph", ("dynamo_output_graph",)), ("guards", ("dynamo_cpp_guards_str
          ]
 
 
-def _quick_links(c: Compile) -> str:
-    items = []
+def _quick_kind(name: str) -> Optional[str]:
     for label, names in QUICK:
-        hit = next((a for a in c.artifacts if any(a.name == n or (n.startswith("_") and a.name.endswith(n))
-                                                  or (n == "kernel" and "kernel" in a.name) for n in names)), None)
-        if hit:
-            items.append(f'<a href="../{esc(hit.url)}">{esc(label)}</a>')
-        else:
-            items.append(f'<span class="muted">{esc(label)}</span>')
+        for n in names:
+            if name == n or (n.startswith("_") and name.endswith(n)) or (n == "kernel" and "kernel" in name):
+                return label
+    return None
+
+
+_QUICK_CACHE: dict = {}
+
+
+def _quick_links(c: Compile) -> str:
+    first: dict = {}
+    for a in c.artifacts:
+        kind = _QUICK_CACHE.get(a.name, 0)
+        if kind == 0:
+            kind = _QUICK_CACHE[a.name] = _quick_kind(a.name)
+        if kind is not None and kind not in first:
+            first[kind] = a
+    items = [f'<a href="../{esc(first[label].url)}">{esc(label)}</a>' if label in first
+             else f'<span class="muted">{esc(label)}</span>' for label, _ in QUICK]
     if c.metrics_text:
         items.append('<a href="#compilation_metrics">metrics</a>')
     return " · ".join(items)
@@ -270,6 +282,8 @@ def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Opt
     n_restart = sum(len(c.restart_reasons) for c in comps)
     title = "Compile report" + (f" — rank {rank}" if rank is not None else "")
     p = [f"<h1>{esc(title)}</h1>"]
+    if rank is not None:
+        p.append('<p><a href="../index.html">all ranks</a>: how this rank differs from the others</p>')
     cards = [("compiles", len(comps), False), ("frames", len(frames), False),
              ("distinct graph breaks", len(breaks), bool(breaks)),
              ("recompiles", sum(len(v) - 1 for v in recompiled.values()), bool(recompiled)),

@@ -14,16 +14,23 @@ from .html_util import write_file
 
 
 class FileWriter:
-    def __init__(self, max_pending: int = 64) -> None:
+    def __init__(self, max_pending: int = 64, thread: bool = True) -> None:
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="tlparse-writer", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="tlparse-writer", daemon=True)
+            self._thread.start()
 
     def submit(self, path: str, data: Union[str, bytes]) -> None:
         if self._error is not None:
             raise self._error
-        self._queue.put((path, data))
+        if isinstance(data, str):   # encoded here: the thread then needs the GIL only between syscalls
+            data = data.encode("utf-8", "surrogateescape")
+        if self._thread is None:
+            write_file(path, data)
+        else:
+            self._queue.put((path, data))
 
     def _run(self) -> None:
         while True:
@@ -38,7 +45,7 @@ class FileWriter:
 
     def close(self) -> None:
         """Wait for every file to be written; raise the first write error, if any."""
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         if self._error is not None:

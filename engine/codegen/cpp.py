@@ -285,8 +285,133 @@ class CppKernel:
 
     # -- loops ------------------------------------------------------------------------
     def render(self) -> str:
+        if self._column_reduction():
+            lines = self._render_column_reduction()
+        else:
+            lines = self._render_loops()
+        params = []
+        for storage, pname in self.params.items():
+            ct = CTYPES[self.layouts[storage].dtype]
+            const = "" if storage in self.written else "const "
+            params.append(f"{const}{ct}* __restrict__ {pname}")
+        params += [f"int64_t {s}" for s in sorted(self.symbols, key=str)]
+        self.signature = list(self.params), sorted(self.symbols, key=str)
+        return f'extern "C" void {self.fk.name}({", ".join(params)}) {{\n' + "\n".join(lines) + "\n}\n"
+
+    # -- reductions over a leading dim: vectorize across the outputs -----------------------
+    def _column_reduction(self) -> bool:
+        """One outer dim, one reduction phase whose loads walk the outer var with unit
+        stride and the reduction var with a large one (a sum over rows, e.g. a bias
+        gradient), then only per-output epilogues: accumulate a block of outputs at once,
+        the block loop innermost and vectorized, instead of a strided reduction loop."""
         fk = self.fk
-        body: list[str] = []
+        if len(fk.outer) != 1 or not fk.phases:
+            return False
+        first = fk.phases[0]
+        if not (first.reduction and first.inner) or any(ph.inner != () or ph.reduction for ph in fk.phases[1:]):
+            return False
+        if any(m.buf.is_reduction and m.buf.data.reduction_type not in ("sum", "prod", "max", "min")
+               for m in first.members):
+            return False
+        x0, rl = fk.outer_vars[0], first.inner_vars[-1]
+        for m in first.members:
+            for ld in V.loads(m.value):
+                if ld.kind == "load":
+                    e = sympy.expand(ld.extra)
+                    if e.coeff(x0) == 1 and e.coeff(rl) not in (0, 1):
+                        return True
+        return False
+
+    def _render_column_reduction(self) -> list[str]:
+        fk = self.fk
+        # wide blocks read whole cache lines per row; keep enough blocks to feed the threads
+        d = fk.outer[0]
+        B = 256 if not d.is_Integer or int(d) >= 1024 else (128 if int(d) >= 256 else 64)
+        ph = fk.phases[0]
+        x0 = fk.outer_vars[0]
+        size = self.index(fk.outer[0])
+        work = self.index(numel(fk.outer) * numel(ph.inner))
+        lines = [f"  #pragma omp parallel for if({work} >= 32768)",
+                 f"  for (int64_t xb = 0; xb < {size}; xb += {B}) {{",
+                 f"    const int64_t xn = ({size} - xb) < {B} ? ({size} - xb) : {B};"]
+        accs = []
+        for m in ph.members:
+            if not m.buf.is_reduction:
+                continue
+            rt, dt = m.buf.data.reduction_type, m.value.dtype
+            T = CTYPES[V.compute_dtype(dt)]
+            if rt in ("sum", "prod") and T == "float":
+                T = "double"   # one sequential accumulator per output: keep it accurate
+            if rt in ("sum", "prod"):
+                init = "0" if rt == "sum" else "1"
+            elif dt.is_floating_point:
+                init = ("-" if rt == "max" else "") + f"std::numeric_limits<{T}>::infinity()"
+            elif dt == torch.bool:
+                init = "false" if rt == "max" else "true"
+            else:
+                init = f"std::numeric_limits<{T}>::{'lowest' if rt == 'max' else 'max'}()"
+            acc = f"acc_{m.name}"
+            lines.append(f"    {T} {acc}[{B}];")
+            lines.append(f"    for (int64_t xi = 0; xi < {B}; xi++) {acc}[xi] = {init};")
+            nan = rt in ("max", "min") and dt.is_floating_point
+            if nan:
+                lines.append(f"    int {acc}_nan[{B}] = {{0}};")
+            accs.append((m, rt, acc, T, nan))
+        n = len(ph.inner)
+        for k, (var, s) in enumerate(zip(ph.inner_vars, ph.inner)):
+            lines.append("    " + "  " * k + f"for (int64_t {var} = 0; {var} < {self.index(s)}; {var}++) {{")
+        pad = "    " + "  " * n
+        lines.append(f"{pad}#pragma omp simd")
+        lines.append(f"{pad}for (int64_t xi = 0; xi < xn; xi++) {{")
+        scope = Scope(None, pad + "  ")
+        scope.lines.append(f"{scope.indent}const int64_t {x0} = xb + xi;")
+        for m in ph.members:
+            val = self._emit(m.value, scope)
+            if m.buf.is_reduction:
+                _, rt, acc, _, nan = next(a for a in accs if a[0] is m)
+                if rt == "sum":
+                    scope.lines.append(f"{scope.indent}{acc}[xi] = {acc}[xi] + {val};")
+                elif rt == "prod":
+                    scope.lines.append(f"{scope.indent}{acc}[xi] = {acc}[xi] * {val};")
+                else:
+                    cmp = ">" if rt == "max" else "<"
+                    scope.lines.append(f"{scope.indent}{acc}[xi] = ({val} {cmp} {acc}[xi]) ? {val} : {acc}[xi];")
+                    if nan:
+                        scope.lines.append(f"{scope.indent}{acc}_nan[xi] = {acc}_nan[xi] | ({val} != {val});")
+            else:
+                if m.name in fk.stored:
+                    self.store(m, val, scope)
+                self.locals[(m.name, str(m.store_index))] = val
+        lines.extend(scope.lines)
+        lines.append(f"{pad}}}")
+        for k in reversed(range(n)):
+            lines.append("    " + "  " * k + "}")
+        self.locals = {}
+        # per output: finish the reductions, then the epilogue phases
+        lines.append(f"    for (int64_t xi = 0; xi < xn; xi++) {{")
+        tail = Scope(None, "      ")
+        tail.lines.append(f"      const int64_t {x0} = xb + xi;")
+        for m, rt, acc, T, nan in accs:
+            res = f"res_{m.name}"
+            tail.lines.append(f"      {T} {res} = {acc}[xi];")
+            if nan:
+                tail.lines.append(f"      if ({acc}_nan[xi]) {res} = std::numeric_limits<{T}>::quiet_NaN();")
+            if m.name in fk.stored:
+                self.store(m, res, tail)
+            self.locals[(m.name, str(m.store_index))] = res
+        for later in fk.phases[1:]:
+            for m in later.members:
+                val = self._emit(m.value, tail)
+                if m.name in fk.stored:
+                    self.store(m, val, tail)
+                self.locals[(m.name, str(m.store_index))] = val
+        lines.extend(tail.lines)
+        lines.append("    }")
+        lines.append("  }")
+        return lines
+
+    def _render_loops(self) -> list[str]:
+        fk = self.fk
         outer_n = len(fk.outer)
         ind = "  " * (outer_n + 1)
         top = Scope(None, ind)
@@ -318,14 +443,7 @@ class CppKernel:
         lines.extend(top.lines)
         for k in reversed(range(outer_n)):
             lines.append("  " * (k + 1) + "}")
-        params = []
-        for storage, pname in self.params.items():
-            ct = CTYPES[self.layouts[storage].dtype]
-            const = "" if storage in self.written else "const "
-            params.append(f"{const}{ct}* __restrict__ {pname}")
-        params += [f"int64_t {s}" for s in sorted(self.symbols, key=str)]
-        self.signature = list(self.params) , sorted(self.symbols, key=str)
-        return f'extern "C" void {fk.name}({", ".join(params)}) {{\n' + "\n".join(lines) + "\n}\n"
+        return lines
 
     def _phase(self, ph, top: Scope):
         ind = top.indent

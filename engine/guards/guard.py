@@ -50,9 +50,11 @@ def global_state_tuple() -> tuple:
     """global_state().values(), cheaply: this runs on every cache hit."""
     if _autocast_takes_device():
         return (torch.is_grad_enabled(), str(torch.get_default_dtype()), torch.are_deterministic_algorithms_enabled(),
-                torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), torch.is_inference_mode_enabled())
+                torch.is_autocast_enabled("cpu"), torch.is_autocast_enabled("cuda"), torch.is_inference_mode_enabled(),
+                _utils_device.CURRENT_DEVICE)
     return (torch.is_grad_enabled(), str(torch.get_default_dtype()), torch.are_deterministic_algorithms_enabled(),
-            torch.is_autocast_cpu_enabled(), torch.is_autocast_enabled(), torch.is_inference_mode_enabled())
+            torch.is_autocast_cpu_enabled(), torch.is_autocast_enabled(), torch.is_inference_mode_enabled(),
+            _utils_device.CURRENT_DEVICE)
 
 
 def global_state() -> dict:

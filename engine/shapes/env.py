@@ -105,6 +105,8 @@ class EngineShapeEnv(ShapeEnv):
             frame = self.current_user_frame()
             self.symbol_frames[expr] = frame
             _report_symbol(self, expr, val, source_name(source), frame)
+        elif isinstance(expr, sympy.Symbol):
+            observe.log("dynamic", logging.DEBUG, "create_symbol %s duck sized %s", expr, source_name(source))
         return expr
 
 

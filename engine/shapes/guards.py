@@ -1,9 +1,11 @@
 """Shape guards in user terms, built from one capture's ShapeEnv.
 
 A compiled graph with symbolic sizes is valid for the inputs that satisfy what the trace
-assumed about its symbols. Those assumptions come in three kinds, each rendered as a
+assumed about its symbols. Those assumptions come in four kinds, each rendered as a
 Python condition over `L` and `G`:
 
+0. every symbolic size and stride of every input equals the expression the graph used
+   for it (`L['x'].stride()[0] == L['x'].size()[1]`);
 1. where a size/stride was tied to an earlier one (duck sizing gave two dims the same
    symbol, or a guard such as `x.shape[0] == y.shape[0]` replaced one symbol by another or
    by a constant): `L['y'].size()[0] == L['x'].size()[0]`;

@@ -57,6 +57,8 @@ def dim_policy(tensor, source: str, code, dynamic: Optional[bool], is_module_sta
     static = [DimDynamic.STATIC] * n
     marked_static = set(getattr(tensor, "_dynamo_static_indices", ()) or ())
     marked_dynamic = set(getattr(tensor, "_dynamo_dynamic_indices", ()) or ()) - marked_static
+    if dynamic is None and not config.assume_static_by_default:
+        dynamic = True  # engine.config.assume_static_by_default = False: dynamic=True for every compile
     if dynamic is False or n == 0:
         return static
     if marked_dynamic:
@@ -80,6 +82,8 @@ def int_is_dynamic(code, source: str, value: int, dynamic: Optional[bool]) -> bo
     """Is this int argument of the frame (`L['n']`) symbolic? dynamic=True: yes;
     dynamic=None: once a later compile sees another value (automatic dynamic, as PyTorch
     does for ints); dynamic=False: never. Floats always specialize."""
+    if dynamic is None and not config.assume_static_by_default:
+        dynamic = True
     if dynamic is False:
         return False
     if dynamic is True:

@@ -454,16 +454,30 @@ class TritonKernel:
         if not self.reduction or not self.fk.outer_vars:
             return False
         last_x = self.fk.outer_vars[-1]
+        loop = set(self.fk.outer_vars) | self.r_vars
         x_votes = r_votes = 0
         for m in self.fk.members:
             for ld in V.loads(m.value):
-                e = sympy.expand(ld.extra)
-                if not e.free_symbols & self.r_vars:
+                e = sympy.sympify(ld.extra)
+                rs = [r for r in e.free_symbols & self.r_vars]
+                if not rs:
                     continue
-                if e.coeff(last_x) == 1:
-                    x_votes += 1
-                if any(e.coeff(r) == 1 for r in self.r_vars):
-                    r_votes += 1
+                if e.free_symbols - loop:     # symbolic sizes: read the linear coefficients
+                    e = sympy.expand(e)
+                    x_votes += e.coeff(last_x) == 1
+                    r_votes += any(e.coeff(r) == 1 for r in rs)
+                    continue
+                # the address step of +1 along x vs along r, at a point inside the ranges
+                # (div/mod index math from views hides the coefficients)
+                point = {v: 1 for v in loop}
+
+                def step(v):
+                    return abs(int(e.subs({**point, v: 2})) - int(e.subs(point)))
+                try:
+                    x_votes += step(last_x) == 1
+                    r_votes += any(step(r) == 1 for r in rs)
+                except TypeError:
+                    continue
         return x_votes > r_votes
 
     def _phase(self, ph, top: _Scope, stored_in_kernel: set):
