@@ -136,6 +136,8 @@ def reset() -> None:
     resume.clear_cache()
     from . import shapes
     shapes.reset()  # automatic-dynamic memory of each frame's input sizes
+    from observe import metrics
+    metrics.reset()  # compile_times() starts over with the caches
 
 
 def disable(fn=None, recursive: bool = True):

@@ -131,3 +131,12 @@ def test_directory_of_several_logs_is_reported_per_rank(tmp_path):
     assert main([str(d), "-o", str(out), "--no-browser"]) == 0
     assert (out / "rank_0" / "index.html").exists() and (out / "rank_1" / "index.html").exists()
     assert "Ranks diverge" in (out / "index.html").read_text()
+
+
+def test_compiled_autograd_ids_get_their_own_pages(tmp_path):
+    line = ('V1122 02:08:22.133000 1 x.py:1] {"dynamo_start": {"stack": [{"line": 3, "name": "bwd", '
+            '"filename": "/u/f.py"}]}, "compiled_autograd_id": 0, "frame_id": 1, "frame_compile_id": 0, "attempt": 0}\n')
+    out = tmp_path / "out"
+    assert main([str(write(tmp_path, line)), "-o", str(out), "--no-browser"]) == 0
+    assert "[!0/1/0]" in (out / "compiles" / "ca0_1_0.html").read_text()
+    assert "[!0/1/0]" in (out / "index.html").read_text()

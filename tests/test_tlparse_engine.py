@@ -60,7 +60,8 @@ def test_graph_break_and_its_resume_function(engine_report):
     assert f"{root}/prog.py:8" in breaks and "print(&quot;hello from f&quot;)" in breaks
     assert "[0/0]" in breaks and "resumed" in breaks    # the resume function it caused is linked
     directory = json.loads((out / "compile_directory.json").read_text())
-    assert directory["[0/0]"]["status"] == "break"
+    assert directory["[0/0]"]["status"] in ("ok", "restart")   # broke on print() (restarting or not)
+    assert directory["[1/0]"]["status"] == "resumed"
     names = {a["name"] for a in directory["[0/0]"]["artifacts"]}
     assert "dynamo_output_graph" in names and "dynamo_cpp_guards_str" in names
     assert any(n.endswith("_MODIFIED_BYTECODE") for n in names)

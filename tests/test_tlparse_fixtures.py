@@ -52,10 +52,11 @@ def test_stack_trie_colors_compiles_by_outcome(tmp_path):
     out = report(tmp_path, "graph_breaks")
     trie = (out / "index.html").read_text().split('id="trie"')[1].split('id="compiles"')[0]
     links = dict((cid, status) for status, cid in re.findall(r'class="cid status-(\w+)"[^>]*>\[([^\]]+)\]', trie))
-    assert links["0/0"] == "break"    # graph break in print(): restarted, light green
-    assert links["1/0"] == "ok"       # its resume function compiled fine: dark green
+    assert links["0/0"] == "restart"  # graph break in print(): analysis restarted, red
+    assert links["1/0"] == "resumed"  # its resume function, reached through the break: light green
+    assert links["2/0"] == "ok"       # broke on `if x.sum() > 0` without a restart: dark green ...
+    assert re.search(r'>\[2/0\]</a> <span class="tag">graph break</span>', trie)   # ... tagged
     assert set(links) == {"0/0", "1/0", "2/0", "3/0", "4/0", "5/0"}
-    assert 'resumed</span> <!-- -->' not in trie and "resumed" in trie
     # the resume functions hang under the <module> line that called them
     assert trie.index("out = c(x)") < trie.index("torch_dynamo_resume_in_f_print_at_6")
     assert (out / "compiles" / "1_0.html").exists()
@@ -118,7 +119,7 @@ def test_exports_are_valid_for_scripts(tmp_path):
     timeline = json.loads((out / "chromium_events.json").read_text())
     assert len(timeline) == 104 and {e["ph"] for e in timeline} == {"B", "E"}
     directory = json.loads((out / "compile_directory.json").read_text())
-    assert directory["[0/0]"]["status"] == "break" and directory["[0/0]"]["artifacts"]
+    assert directory["[0/0]"]["status"] == "restart" and directory["[0/0]"]["artifacts"]
 
 
 def test_all_ranks_points_at_diverging_rank(tmp_path):

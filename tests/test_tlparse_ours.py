@@ -110,7 +110,7 @@ def test_our_trace_renders_breaks_resumes_recompiles(tmp_path):
     assert "L[&#x27;x&#x27;].size()[0] == 3" in recompiles
     assert "<td>3</td><td>4</td>" in recompiles and "y = x.sin()" in recompiles
     trie = index.split('id="trie"')[1]
-    assert 'status-break" href="compiles/0_0.html"' in trie and 'status-ok" href="compiles/1_0.html"' in trie
+    assert 'status-ok" href="compiles/0_0.html"' in trie and 'status-resumed" href="compiles/1_0.html"' in trie
     assert 'status-error" href="compiles/2_0.html"' in trie
 
 

@@ -25,7 +25,8 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px 10px; o
 pre.wrap { white-space: pre-wrap; word-break: break-word; }
 .muted { color: var(--mute); } .small { font-size: 12px; }
 .pill { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; border: 1px solid var(--line); }
-.status-ok { background: var(--ok); color: #fff; } .status-break { background: var(--break); color: #000; }
+.status-ok { background: var(--ok); color: #fff; } .status-resumed { background: var(--break); color: #000; }
+.status-restart { background: var(--error); color: #fff; }
 .status-error { background: var(--error); color: #fff; } .status-empty { background: var(--empty); color: #000; border: 1px solid #999; }
 .status-missing { background: var(--missing); color: #fff; }
 a.cid { padding: 0 4px; border-radius: 3px; font-family: ui-monospace, Menlo, monospace; margin-right: 2px; }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .interpret import BreakInfo, RecompileReason
+from .interpret import BreakInfo, RecompileReason, resume_target
 
 # (compiled_autograd_id, frame_id, frame_compile_id); None parts print as "-".
 CompileKey = tuple
@@ -83,12 +83,16 @@ class Compile:
         return self.top_us / 1e6 if self.top_us else None
 
     def status(self) -> str:
-        """ok (dark green), break (light green: compiled, with a graph break or restart),
-        error (red), empty (no graph), missing (no metrics and no graph)."""
+        """The outcome the stack trie colors: ok (dark green); resumed (light green: a resume
+        function, the frame reached through a graph break, compiled fine); restart and
+        error (red: analysis restarted, or the compile failed); empty (no ops in the graph);
+        missing (neither metrics nor a graph in the trace)."""
         if self.fail_type:
             return "error"
-        if self.restart_reasons or self.breaks:
-            return "break"
+        if self.restart_reasons:
+            return "restart"
+        if resume_target(self.co_name):
+            return "resumed"
         ops = self.metrics.get("graph_op_count")
         if ops == 0 or (not self.has_graph and self.metrics):
             return "empty"

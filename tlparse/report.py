@@ -371,10 +371,11 @@ def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Opt
     # stack trie
     p.append('<h2 id="trie">Stack trie</h2><p class="legend">Each user stack that triggered a compile; '
              'click a compile id for its page. <span class="status-ok">success</span>'
-             '<span class="status-break">success with a graph break or restart</span>'
-             '<span class="status-error">failure</span><span class="status-empty">empty graph</span>'
-             '<span class="status-missing">no metrics</span> <span class="tag">resumed</span> marks a resume '
-             'function (a frame reached through a graph break).</p>')
+             '<span class="status-resumed">resumed: a frame reached through a graph break</span>'
+             '<span class="status-error">failure</span><span class="status-restart">restart</span>'
+             '<span class="status-empty">empty graph</span><span class="status-missing">no metrics</span> '
+             'Hover a compile id for its outcome; compiles that graph-broke are listed under '
+             '<a href="#breaks">graph breaks</a>.</p>')
     p.append(stacktrie.render_html(stacktrie.build(comps), lambda c: f"compiles/{c.slug}.html"))
 
     # all compiles

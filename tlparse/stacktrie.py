@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Callable
 
 from .html_util import esc
-from .interpret import resume_target
 from .model import Compile
 
 
@@ -45,7 +44,7 @@ def render_html(root: Node, href: Callable[[Compile], str]) -> str:
         for child in node.children.values():
             out.append('<li><span class="tog">-</span>')
             for c in child.compiles:
-                tag = ' <span class="tag">resumed</span>' if resume_target(c.co_name) else ""
+                tag = ' <span class="tag">graph break</span>' if c.breaks else ""
                 out.append(f'<a class="cid status-{c.status()}" href="{esc(href(c))}" '
                            f'title="{esc(c.status())}">{esc(c.label)}</a>{tag} ')
             out.append(esc(child.frame))

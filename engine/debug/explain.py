@@ -91,6 +91,8 @@ def explain(fn, *extra_args, **extra_kwargs):
                                                                                   "call_module")] for g in graphs]
         result.op_count = sum(len(o) for o in result.ops_per_graph)
         result.out_guards = captured_guards
+        from observe.metrics import compile_times
+        result.compile_times = compile_times()
         return result
 
     if extra_args or extra_kwargs:
