@@ -3,7 +3,7 @@ network: the report opens from disk). The script holds a small syntax highlighte
 Python, C++, bytecode and guard text, the stack-trie toggles and the search box."""
 
 CSS = r"""
-:root { --ok:#1b7f3b; --break:#9be39b; --error:#d62728; --empty:#ffffff; --missing:#7b3fa0; --ink:#1d232b; --mute:#5d6875; --line:#d7dce2; --bg:#fafbfc; }
+:root { --ok:#1b7f3b; --resumed:#9be39b; --error:#d62728; --empty:#ffffff; --missing:#7b3fa0; --ink:#1d232b; --mute:#5d6875; --line:#d7dce2; --bg:#fafbfc; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: var(--ink); margin: 0; background: #fff; }
 header.top { background: #1d232b; color: #fff; padding: 10px 20px; display: flex; gap: 16px; align-items: center; flex-wrap: wrap; }
@@ -25,7 +25,7 @@ pre { background: var(--bg); border: 1px solid var(--line); padding: 8px 10px; o
 pre.wrap { white-space: pre-wrap; word-break: break-word; }
 .muted { color: var(--mute); } .small { font-size: 12px; }
 .pill { display: inline-block; padding: 0 6px; border-radius: 8px; font-size: 12px; border: 1px solid var(--line); }
-.status-ok { background: var(--ok); color: #fff; } .status-resumed { background: var(--break); color: #000; }
+.status-ok { background: var(--ok); color: #fff; } .status-resumed { background: var(--resumed); color: #000; }
 .status-restart { background: var(--error); color: #fff; }
 .status-error { background: var(--error); color: #fff; } .status-empty { background: var(--empty); color: #000; border: 1px solid #999; }
 .status-missing { background: var(--missing); color: #fff; }
