@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from . import scalars
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
 from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
@@ -95,6 +96,11 @@ class CodeGen:
 
     def _build(self, vt) -> str:
         if isinstance(vt, ConstantVariable):
+            node = self.out.sym_outputs.get(id(vt))
+            if node is not None:  # a captured scalar: computed by the graph
+                if node not in self.output_index:
+                    raise GraphBreak("GB0018", "a captured scalar that is not a graph output")
+                return f"__o[{self.output_index[node]}]"
             return self.constant(vt.value)
         if vt.source is not None and not isinstance(vt, (NestedFunctionVariable,)):
             return vt.source.name()
@@ -171,6 +177,8 @@ class CodeGen:
         raise GraphBreak("GB0018", f"{type(vt).__name__}")
 
     def constant(self, value) -> str:
+        if has_symbolic(value) and scalars.is_unbacked(value):
+            raise GraphBreak("GB0018", f"a captured scalar inside a {type(value).__name__}")
         if has_symbolic(value):  # a size computed from symbols: recomputed from the inputs (engine/shapes)
             self.ns["___torch_Size"] = torch.Size
             text = python_expr(value)

@@ -29,7 +29,8 @@ from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
 from .output_graph import OutputGraph
 from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, make_trampoline, run_function
 from .source import GlobalSource, LocalSource
-from .variables import CellVariable, NullVariable, TensorVariable
+from . import scalars
+from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable
 
 _compiled_fn_counter = [0]
 
@@ -385,7 +386,13 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         _collect_tensors(vt, outputs, seen, set())
     output_nodes = []
     for t in outputs:
-        node = t.proxy.node
+        if isinstance(t, ConstantVariable):  # a captured scalar (.item()): the graph outputs it
+            node = scalars.output_node(t.value)
+            if node is None:
+                raise GraphBreak("GB0018", f"the captured scalar expression {t.value}")
+            out.sym_outputs[id(t)] = node
+        else:
+            node = t.proxy.node
         if node.op in ("placeholder", "get_attr"):
             continue
         if node not in output_nodes:
@@ -486,7 +493,7 @@ def _collect_tensors(vt, acc, seen, visiting):
     if vt is None or id(vt) in visiting:
         return
     visiting.add(id(vt))
-    if isinstance(vt, TensorVariable):
+    if isinstance(vt, TensorVariable) or (isinstance(vt, ConstantVariable) and scalars.is_unbacked(vt.value)):
         if id(vt) not in seen:
             seen.add(id(vt))
             acc.append(vt)

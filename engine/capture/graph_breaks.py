@@ -114,6 +114,13 @@ KINDS: list[GraphBreakKind] = [
         "A value that is live at a graph break or returned (a generator, a closure over a "
         "traced cell, an object built in an unsupported way) cannot be rebuilt after the graph.",
         "Return plain tensors, containers, dataclasses or namedtuples."),
+    GraphBreakKind(
+        "GB0019", "Python needs the value of a captured scalar",
+        "With `config.capture_scalar_outputs = True`, `.item()` is a graph value (an unbacked "
+        "symbol such as `u0`) whose number is only known when the graph runs; Python control "
+        "flow, `int()`/`float()`, indexing or printing with it needs that number now.",
+        "Keep the scalar in tensor ops (`torch.where(s > 0, a, b)`, `x * s`), or use "
+        "`torch.cond` for control flow on it."),
 ]
 
 BY_ID: dict[str, GraphBreakKind] = {k.id: k for k in KINDS}

@@ -27,6 +27,7 @@ import observe
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
+from . import scalars
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import AttrSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
@@ -201,6 +202,9 @@ class Frame:
                 raise
             except GraphBreak as gb:
                 self._on_break(gb, inst)
+            except scalars.GuardOnDataDependentSymNode as exc:
+                # Python needs the value of a captured .item(): only known when the graph runs
+                self._on_break(GraphBreak("GB0019", (str(exc).splitlines() or [""])[0].split(" (unhinted")[0]), inst)
             except Exception as exc:
                 if not config.capture_errors_as_graph_breaks:
                     raise
@@ -1435,8 +1439,23 @@ class Frame:
         if isinstance(result, (int, float, bool, torch.dtype, torch.device, torch.Size, type(None), complex, str)):
             self._drop_node(proxy)
             return wrap_constant(result)
+        if scalars.is_unbacked(result):  # .item() under capture_scalar_outputs: the node computes it
+            scalars.register(proxy, result)
+            return ConstantVariable(result)
         self._drop_node(proxy)
         raise GraphBreak("GB0011", f"torch op returned {type(result).__name__}")
+
+    def captured_scalars(self, t: TensorVariable, name: str):
+        """config.capture_scalar_outputs: `.item()` is a graph node whose value is an unbacked
+        symbol; `.tolist()` is one per element (static shapes, small tensors only)."""
+        if name == "item":
+            return self.tensor_call("call_method", "item", [t], {})
+        if has_symbolic(tuple(t.fake.shape)) or t.fake.numel() > 256:
+            raise GraphBreak("GB0004", "Tensor.tolist() of a tensor with symbolic or large shape")
+        if t.fake.dim() == 0:
+            return self.tensor_call("call_method", "item", [t], {})
+        return ListVariable([self.captured_scalars(self.getitem(t, ConstantVariable(i)), "tolist")
+                             for i in range(t.fake.shape[0])])
 
     def _drop_node(self, proxy):
         from .output_graph import _is_mutating
@@ -1450,8 +1469,8 @@ class Frame:
     def tensor_method(self, t: TensorVariable, name: str, args, kwargs):
         if name in TENSOR_METHOD_BREAKS:
             gb = TENSOR_METHOD_BREAKS[name]
-            if name in ("item",) and config.capture_scalar_outputs:
-                raise GraphBreak(gb, f"Tensor.{name}() (capture_scalar_outputs is not implemented for this call)")
+            if name in ("item", "tolist") and config.capture_scalar_outputs and not args and not kwargs:
+                return self.captured_scalars(t, name)
             raise GraphBreak(gb, f"Tensor.{name}()")
         if name in TENSOR_METADATA_METHODS:
             cargs = [self.as_python(a) for a in args]

@@ -10,7 +10,9 @@ import torch
 import torch.fx
 
 from ..guards import Guard, TensorMeta, global_state
+from .. import config
 from . import fake as fakemod
+from . import scalars
 from .builder import Builder
 from .graph_breaks import GraphBreak
 from .source import AttrSource, Source
@@ -50,6 +52,9 @@ class OutputGraph:
         self.graph = torch.fx.Graph()
         self.tracer = torch.fx.proxy.GraphAppendingTracer(self.graph)
         self.fake_mode = fakemod.new_fake_mode(self)
+        if config.capture_scalar_outputs:
+            scalars.enable(self.fake_mode)
+        self.sym_outputs: dict = {}  # id(ConstantVariable of a captured scalar) -> its output fx node
         self.builder = Builder(self)
         self.guards: dict[Any, Guard] = {}
         self.memo: dict[int, VariableTracker] = {}

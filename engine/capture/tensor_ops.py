@@ -10,6 +10,7 @@ import types
 
 import torch
 
+from . import scalars
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, to_proxy as symbolic_to_proxy
 from .variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, TensorVariable, TupleVariable,
@@ -25,6 +26,11 @@ def _convert(v, which: str):
         return v.fake if which == "fake" else v.proxy
     if isinstance(v, ConstantVariable):
         if which == "proxy" and has_symbolic(v.value):  # a symbolic size: a graph value (engine/shapes)
+            if scalars.is_unbacked(v.value):  # a captured .item(): rebuilt over the item() nodes
+                try:
+                    return scalars.to_proxy(v.value)
+                except NotImplementedError as exc:
+                    raise GraphBreak("GB0019", f"cannot put the expression {v.value} in the graph ({exc})") from None
             return symbolic_to_proxy(v.value)
         return v.value
     if isinstance(v, ListVariable):

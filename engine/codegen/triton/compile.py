@@ -6,6 +6,7 @@ their outputs, as the scheduler fused them)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import types
 
 import torch
@@ -121,7 +122,8 @@ def generate(g, sched, kernel_src: str, kernels: dict, graph_key: str, interpret
     for name in g.constants:
         lines.append(f"{name} = None  # set by the loader: a constant tensor of the graph")
     lines.append("")
-    precompile = bool(kernels) and not interpret and not autotune
+    precompile = (bool(kernels) and not interpret and not autotune
+                  and os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0")
     if precompile:
         lines.append("_first_call = [True]")
         lines.append("")
