@@ -12,7 +12,7 @@ import pytest
 from test_tlparse_fixtures import check_links
 from tlparse.cli import main
 
-FIXTURES = "/work/shared/fixtures/torch-traces"
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "fixtures", "torch-traces")
 
 
 def find_chromium():

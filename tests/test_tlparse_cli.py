@@ -14,7 +14,7 @@ import pytest
 from tlparse.cli import main
 from tlparse.reader import read_records
 
-FIXTURES = "/work/shared/fixtures/torch-traces"
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "fixtures", "torch-traces")
 needs_fixtures = pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="PyTorch trace fixtures not present")
 
 GOOD = ('V1122 02:08:22.133000 8673 torch/_dynamo/convert_frame.py:303] {"dynamo_start": {"stack": '

@@ -12,7 +12,7 @@ import pytest
 
 from tlparse.cli import main
 
-FIXTURES = "/work/shared/fixtures/torch-traces"
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "fixtures", "torch-traces")
 pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="PyTorch trace fixtures not present")
 
 

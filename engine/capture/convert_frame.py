@@ -4,6 +4,7 @@ bus with PyTorch's event names."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -136,6 +137,11 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _config_json() -> str:
+    """engine.config as PyTorch's `dynamo_config` field: a JSON string the report shows."""
+    return json.dumps(config.snapshot(), sort_keys=True, default=str)
+
+
 def _emit_recompile_reasons(code, previous, L, G) -> None:
     if not previous:
         return
@@ -181,7 +187,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
         "entire_frame_compile_time_s": None, "backend_compile_time_s": None, "inductor_compile_time_s": None,
         "code_gen_time_s": None, "fail_type": None, "fail_reason": None, "fail_user_frame_filename": None,
         "fail_user_frame_lineno": None, "non_compliant_ops": [], "compliant_custom_ops": [], "restart_reasons": [],
-        "dynamo_time_before_restart_s": 0.0, "has_guarded_code": False, "dynamo_config": None,
+        "dynamo_time_before_restart_s": 0.0, "has_guarded_code": False, "dynamo_config": _config_json(),
         "is_forward": True, "graph_break_count": 0,
     }
     attempt = 0

@@ -15,7 +15,7 @@ import glob
 import json
 import os
 
-FIXTURES = "/work/shared/fixtures/torch-traces"
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "shared", "fixtures", "torch-traces")
 CASES = ["graph_breaks", "recompiles", "dynamic", "inductor", "compile_error"]
 
 
