@@ -120,3 +120,231 @@ def test_without_the_knob_item_breaks_and_hints_at_it():
     [r] = out.break_reasons
     assert r.graph_break_id == "GB0004" and "capture_scalar_outputs" in r.hint
     torch.testing.assert_close(engine.compile(fn, backend="eager")(x), fn(x))
+
+
+# ---------------------------------------------------------------------- 2. breaks inside grad-mode blocks
+
+
+def _no_grad_block(x):
+    y = x * 2
+    with torch.no_grad():
+        z = y + 1
+        print("inside", torch.is_grad_enabled())
+        w = z * 2
+    return w + y, torch.is_grad_enabled()
+
+
+def _nested_blocks(x):
+    y = x * 2
+    with torch.no_grad():
+        with torch.enable_grad():
+            z = y + 1
+            print("inner", torch.is_grad_enabled())
+        w = z * 2
+        print("outer", torch.is_grad_enabled())
+    return w + y, z
+
+
+def _branch_in_block(x):
+    with torch.set_grad_enabled(False):
+        y = x * 2
+        if y.sum() > 0:  # a data-dependent jump inside the block
+            r = y + 1
+        else:
+            r = y - 1
+    return r * x
+
+
+@pytest.mark.parametrize("fn", [_no_grad_block, _nested_blocks, _branch_in_block])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_break_inside_a_grad_mode_block_splits_the_frame(fn, backend, capsys):
+    x = torch.randn(3, requires_grad=True)
+    want = fn(x)
+    eager_out = capsys.readouterr().out
+    got = engine.compile(fn, backend=backend)(x)
+    assert capsys.readouterr().out == eager_out  # the break ran under the block's mode
+    assert torch.is_grad_enabled()
+    want = want if isinstance(want, tuple) else (want,)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+            assert g.requires_grad == w.requires_grad
+        else:
+            assert g == w
+    # gradients flow through the parts computed with grad enabled, exactly as eagerly
+    xe, xc = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+    for f, v in ((fn, xe), (engine.compile(fn, backend=backend), xc)):
+        out = f(v)
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    torch.testing.assert_close(xc.grad, xe.grad)
+
+
+@pytest.mark.parametrize("fn", [_no_grad_block, _nested_blocks, _branch_in_block])
+def test_graph_counts_inside_grad_blocks_match_pytorch(fn, capsys):
+    x = torch.randn(3, requires_grad=True)
+    out = _ours(fn, x)
+    assert (out.graph_count, out.graph_break_count) == _torch_counts(fn, x)
+    assert out.graph_count > 1  # split, not run eagerly as a whole
+    assert torch.is_grad_enabled()
+
+
+@engine.disable
+def _fails(y):
+    raise ValueError("boom")
+
+
+def test_an_exception_at_the_break_leaves_the_block_with_the_mode_restored():
+    def fn(x):
+        with torch.no_grad():
+            y = x * 2
+            _fails(y)
+        return y
+
+    with pytest.raises(ValueError, match="boom"):
+        engine.compile(fn, backend="eager")(torch.randn(3))
+    assert torch.is_grad_enabled()
+    with torch.no_grad():  # and the other way round
+        with pytest.raises(ValueError):
+            engine.compile(fn, backend="eager")(torch.randn(3))
+        assert not torch.is_grad_enabled()
+
+
+def test_an_exception_after_the_break_runs_the_blocks_exit():
+    def fn(x, n):
+        with torch.no_grad():
+            y = x * 2
+            print("break")
+            y = y + [1, 2][n]  # IndexError in the resume function, inside the block
+        return y
+
+    f = engine.compile(fn, backend="eager")
+    torch.testing.assert_close(f(torch.ones(2), 1), torch.full((2,), 4.0))
+    with pytest.raises(IndexError):
+        f(torch.ones(2), 5)
+    assert torch.is_grad_enabled()
+
+
+def test_a_break_inside_a_try_block_still_runs_the_frame_eagerly():
+    def fn(x):
+        try:
+            with torch.no_grad():
+                y = x * 2
+                print("break")
+        finally:
+            z = x + 1
+        return y + z
+
+    x = torch.randn(3, requires_grad=True)
+    out = _ours(fn, x)
+    assert out.graph_count == 0  # not split (a try block): eager, and correct
+    got = engine.compile(fn, backend="eager")(x)
+    torch.testing.assert_close(got, fn(x))
+    assert got.requires_grad and torch.is_grad_enabled()
+
+
+def test_a_closure_cell_live_at_a_break_is_passed_as_the_cell():
+    seen = {}
+
+    def fn(x):
+        f = lambda v: seen.setdefault("v", v)  # noqa: E731  closes over the caller's cell `seen`
+        print("break")
+        return x * 2 + f(1)
+
+    x = torch.randn(2)
+    torch.testing.assert_close(engine.compile(fn, backend="eager")(x), x * 2 + 1)
+    assert seen == {"v": 1}
+
+
+@engine.disable
+def _append_to(acc, v):
+    acc.append(v)
+
+
+def test_a_new_list_passed_to_a_break_is_the_same_list_afterwards():
+    def fn(x):
+        acc = []
+        _append_to(acc, x + 1)  # runs eagerly, mutates the list the resume function goes on with
+        return acc, x * 2
+
+    x = torch.randn(2)
+    acc, y = engine.compile(fn, backend="eager")(x)
+    assert len(acc) == 1
+    torch.testing.assert_close(acc[0], x + 1)
+    torch.testing.assert_close(y, x * 2)
+
+
+# ---------------------------------------------------------------------- 3. optimizer steps
+
+
+def _training(make_opt):
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = make_opt(model.parameters())
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return model, opt, step
+
+
+def _state(opt):
+    return [(k, v) for s in opt.state.values() for k, v in sorted(s.items())]
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "sgd_nesterov_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=0.01, foreach=True),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_optimizer_steps_compile_and_keep_parameters_and_state_exact(name, backend):
+    m1, o1, eager_step = _training(OPTIMIZERS[name])
+    m2, o2, step = _training(OPTIMIZERS[name])
+    compiled = engine.compile(step, backend=backend)
+    for i in range(3):
+        torch.manual_seed(100 + i)
+        x, y = torch.randn(5, 4), torch.randn(5, 2)
+        torch.testing.assert_close(compiled(x, y), eager_step(x, y))
+        for p, q in zip(m1.parameters(), m2.parameters()):
+            torch.testing.assert_close(q, p)
+        s1, s2 = _state(o1), _state(o2)
+        assert [k for k, _ in s1] == [k for k, _ in s2]
+        for (_, a), (_, b) in zip(s1, s2):
+            torch.testing.assert_close(b, a) if isinstance(a, torch.Tensor) else (b == a)
+        assert torch.is_grad_enabled()
+
+
+def test_sgd_step_is_its_own_graph_like_pytorch():
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    _, _, step = _training(OPTIMIZERS["sgd"])
+    out = _ours(step, x, y)
+    _, _, step = _training(OPTIMIZERS["sgd"])
+    assert (out.graph_count, out.graph_break_count) == (3, 2)
+    assert _torch_counts(step, x, y) == (3, 2)
+    # the update graph: one in-place add_ per parameter, under no_grad
+    assert out.ops_per_graph[1] == ["<method add_>"] * 4, out.ops_per_graph
+
+
+def test_an_optimizer_with_step_hooks_runs_its_step_eagerly():
+    m1, o1, eager_step = _training(OPTIMIZERS["sgd"])
+    m2, o2, step = _training(OPTIMIZERS["sgd"])
+    calls = []
+    for o in (o1, o2):
+        o.register_step_post_hook(lambda opt, args, kwargs: calls.append(1))
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    torch.testing.assert_close(engine.compile(step, backend="eager")(x, y), eager_step(x, y))
+    for p, q in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(q, p)
+    assert len(calls) == 2

@@ -58,7 +58,9 @@ def program(seed):
     return fn, (x, w), dt
 
 
-@pytest.mark.parametrize("seed", range(12))
+# 201: a cat whose masked-off branch formed an out-of-bounds address (g++ -fno-trapping-math
+# then miscompiled the masked loop); 296: floor division of a negative index numerator
+@pytest.mark.parametrize("seed", [*range(12), 201, 296])
 def test_random_program_matches_eager(seed):
     fn, inputs, dt = program(seed)
     try:

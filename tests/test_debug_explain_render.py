@@ -116,4 +116,4 @@ def test_engine_explain_output_renders_with_user_frames_and_source(capsys):
     assert text.startswith("Graph Count: 3\nGraph Break Count: 2\n")
     assert f"      <FrameSummary file {__file__}, line {line + 2} in toy_example>\n        print(\"woo\")\n" in text
     assert "    Registry Id: GB0003\n" in text
-    assert "  Guard 1:\n" in text and "Compile Times" not in text
+    assert "  Guard 1:\n" in text and "Compile Times: TorchDynamo compilation metrics:" in text

@@ -13,15 +13,18 @@ import torch
 
 from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
-from .source import AttrSource, GetItemSource, Source
-from .variables import (ConstantVariable, DictVariable, FunctionVariable, ListVariable, ObjectVariable, SetVariable,
-                        TensorVariable, TupleVariable, VariableTracker)
+from .runtime import GradModeExit
+from .source import AttrSource, GetItemSource, ListIteratorSource, Source
+from .variables import (ConstantVariable, DictVariable, FunctionVariable, GradModeVariable, IteratorVariable,
+                        ListVariable,
+                        ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), range, slice,
                   torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, enum.Enum)
 
 
 _SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_LIST_ITERATOR = type(iter([]))
 
 
 def is_constant_value(v: Any) -> bool:
@@ -72,6 +75,12 @@ class Builder:
             return known
         if isinstance(value, torch.Tensor):
             return self.wrap_tensor(value, source)
+        if type(value) is _LIST_ITERATOR:
+            return self.wrap_list_iterator(value, source)
+        if type(value) is GradModeExit:  # a split grad-mode with block, resumed (see runtime.GradModeExit)
+            out.add_guard("TYPE_MATCH", source, GradModeExit)
+            out.add_guard("EQUALS_MATCH", AttrSource(source, "prev"), value.prev)
+            return WithExitVariable(GradModeVariable(value.prev, value.prev, True))
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, enum.Enum):
             sym = wrap_int(out, value, source)  # an int argument made dynamic (engine/shapes)
             if sym is not None:
@@ -131,6 +140,21 @@ class Builder:
         vt = ObjectVariable(value, source)
         out.remember(value, vt)
         return vt
+
+    def wrap_list_iterator(self, value, source: Source) -> VariableTracker:
+        """A `for` loop's list iterator on a resume function's stack: the items it has left,
+        read without advancing it. The tracker has no source: the generated code passes a
+        new iterator over what is left, never the original, which the trace did not advance."""
+        out = self.out
+        left = value.__length_hint__()
+        out.add_guard("TYPE_MATCH", source, _LIST_ITERATOR)
+        out.add_guard("EQUALS_MATCH", ListIteratorSource(source, "length"), left)
+        items = []
+        if left:
+            seq = value.__reduce__()[1][0]
+            for k in range(left, 0, -1):
+                items.append(self.wrap(seq[-k], ListIteratorSource(source, "item", k)))
+        return IteratorVariable(items, _LIST_ITERATOR)
 
     def wrap_tensor(self, value: torch.Tensor, source: Source) -> TensorVariable:
         out = self.out

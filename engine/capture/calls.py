@@ -18,6 +18,7 @@ import torch
 import observe
 
 from .. import config
+from . import runtime
 from .builder import is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import GetItemSource, ModuleGlobalSource, AttrSource
@@ -53,8 +54,12 @@ def _is_torch(fn) -> bool:
 def _inlinable_torch(fn) -> bool:
     """Python code inside torch that the capture inlines (module forwards and helpers)."""
     mod = _module_of(fn)
+    if isinstance(fn, types.FunctionType) and fn.__code__.co_filename.startswith(runtime.OPTIM_DIR):
+        # the optimizers' own code (not a wrapper that only borrowed an optimizer's name); opt.step()
+        # itself is a graph break whose inner step compiles as its own frame (runtime.optimizer_step)
+        return not runtime.is_optimizer_step_wrapper(fn)
     return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
-        mod in ("torch.nn.parameter",)
+        mod in ("torch.nn.parameter", "torch.utils._foreach_utils")
 
 
 # ---------------------------------------------------------------------- Python functions

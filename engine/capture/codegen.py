@@ -17,12 +17,14 @@ from typing import Any, Optional
 import torch
 
 from . import scalars
+from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
 from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                         ExceptionVariable,
-                        FunctionVariable, IteratorVariable, ListVariable, NestedFunctionVariable, NullVariable,
-                        ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker)
+                        FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
+                        NullVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker,
+                        WithExitVariable)
 
 
 def _new_object(cls, attrs):
@@ -102,6 +104,13 @@ class CodeGen:
                     raise GraphBreak("GB0018", "a captured scalar that is not a graph output")
                 return f"__o[{self.output_index[node]}]"
             return self.constant(vt.value)
+        if isinstance(vt, CellVariable) and vt.source is not None:
+            # a cell of the compiled function's closure: the cell object itself, not its contents
+            local = getattr(vt.source, "local", None)
+            freevars = self.out.f_code.co_freevars
+            if local in freevars:
+                return f"F.__closure__[{freevars.index(local)}]"
+            raise GraphBreak("GB0018", "a cell of the compiled function's closure")
         if vt.source is not None and not isinstance(vt, (NestedFunctionVariable,)):
             return vt.source.name()
         if isinstance(vt, TensorVariable):
@@ -143,6 +152,10 @@ class CodeGen:
             return f"iter({items})"
         if isinstance(vt, FunctionVariable):
             return self.const(vt.fn, "fn")
+        if isinstance(vt, WithExitVariable) and isinstance(vt.ctx, GradModeVariable):
+            # the exit of a grad-mode with block split by the break: restores the mode from before it
+            self.ns["___GradModeExit"] = GradModeExit
+            return f"___GradModeExit({bool(vt.ctx.prev)!r})"
         if isinstance(vt, ObjectVariable):
             if vt.is_new:
                 attrs = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())
@@ -238,8 +251,9 @@ class CodeGen:
 
 
 def _is_simple(text: str) -> bool:
+    # a mutable literal ([], {}) is not simple: every use of it would build another object
     return text.isidentifier() or (text.startswith("__o[") and text.endswith("]") and text.count("[") == 1) or \
-        _is_literal(text)
+        (_is_literal(text) and not text.startswith(("[", "{")))
 
 
 def _is_literal(text: str) -> bool:

@@ -358,11 +358,48 @@ def _unsupported_text(gb: GraphBreak) -> str:
 def _can_resume(inst, frame, code) -> bool:
     if inst.opname not in _CALL_OPS and inst.opname not in _JUMP_OPS and inst.opname not in _JUMP_OR_POP:
         return False
-    if inst.exn_tab_entry is not None or frame.exc_stack:
+    if frame.exc_stack:
         return False
+    if inst.exn_tab_entry is not None and _grad_blocks(inst, frame) is None:
+        return False  # inside a try block or a with block of another context manager
     if code.co_flags & 0x20:  # generator
         return False
     return True
+
+
+def _grad_blocks(inst, frame):
+    """The with-blocks enclosing `inst`, outermost first, as their GradModeVariables, when
+    every enclosing exception-table block is a grad-mode `with` (torch.no_grad() & co);
+    None when any is something else (a try, another context manager)."""
+    from .variables import GradModeVariable, WithExitVariable
+
+    insts, index, stack = frame.insts, frame.index, frame.stack
+    blocks = []
+    e = inst.exn_tab_entry
+    while e is not None:
+        k = index.get(id(e.target))
+        if k is None or k + 1 >= len(insts) or insts[k].opname != "PUSH_EXC_INFO" or \
+                insts[k + 1].opname != "WITH_EXCEPT_START":
+            return None
+        if not 1 <= e.depth <= len(stack):
+            return None
+        exit_vt = stack[e.depth - 1]
+        if not (isinstance(exit_vt, WithExitVariable) and isinstance(exit_vt.ctx, GradModeVariable)):
+            return None
+        blocks.append(exit_vt.ctx)
+        # the enclosing block is where the handler's cleanup (COPY 3; POP_EXCEPT; RERAISE 1) re-raises to
+        cleanup = insts[k].exn_tab_entry
+        if cleanup is None:
+            break
+        j = index.get(id(cleanup.target))
+        while j is not None and j < len(insts) and insts[j].opname != "RERAISE":
+            j += 1
+        if j is None or j >= len(insts):
+            return None
+        e = insts[j].exn_tab_entry
+        if len(blocks) > 32:
+            return None
+    return list(reversed(blocks))
 
 
 # ---------------------------------------------------------------------- finishing a capture
@@ -449,7 +486,8 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         cg.emit("call_graph", graph_call)
     trampoline = make_trampoline(options)
     cg.ns["___trampoline"] = trampoline
-    cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options)
+    # a resume function continues a frame we compiled (even one inside torch, e.g. an optimizer step)
+    cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options, force=True)
     if plan[0] == "return":
         rv = cg.expr(plan[1])
         cg.side_effects()
@@ -641,13 +679,24 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     else:
         cond_expr = cg.expr(detail[1])
     cg.side_effects()
+    blocks = _grad_blocks(inst, frame) if inst.exn_tab_entry is not None else []
     nulls = [i for i, v in enumerate(below) if isinstance(v, NullVariable)]
     resumes = []
     for off, depth in resume_offsets:
         live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
         r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=nulls,
-                                        name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}")
+                                        name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}",
+                                        inside_handlers=bool(blocks))
         resumes.append(r)
+    # The break runs under the grad mode the frame has there, whatever the graph left. Inside
+    # grad-mode with blocks, an exception from the break leaves them all: the mode from before
+    # the outermost one; otherwise the resume function, given each block's exit, ends them.
+    cg.ns["___set_grad_enabled"] = torch._C._set_grad_enabled
+    if blocks or frame.out.grad_enabled != frame.out.initial_grad_enabled:
+        cg.emit("graph_break", f"___set_grad_enabled({bool(frame.out.grad_enabled)!r})")
+    guard_call = None
+    if blocks:
+        guard_call = bool(blocks[0].prev)
     closure_expr = "F.__closure__" if code.co_freevars else "()"
     cells_expr = "(" + "".join(f"{c}, " for c in cell_exprs) + ")"
 
@@ -662,14 +711,24 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
         args += [live_exprs[n] for n in r.live_locals]
         return f"___run_resume({fexpr}{''.join(', ' + a for a in args)})"
 
+    def emit_call(text: str) -> None:
+        if guard_call is None:
+            cg.emit("graph_break", text)
+            return
+        cg.emit("graph_break", "try:")
+        cg.emit("graph_break", f"    {text}")
+        cg.emit("graph_break", "except BaseException:")
+        cg.emit("graph_break", f"    ___set_grad_enabled({guard_call!r})  # the with blocks' exits")
+        cg.emit("graph_break", "    raise")
+
     if kind == "call":
         call_args = arg_exprs + [f"{k}={v}" for k, v in kw_exprs.items()]
-        cg.emit("graph_break", f"__r = ___trampoline({fn_expr}{''.join(', ' + a for a in call_args)})")
+        emit_call(f"__r = ___trampoline({fn_expr}{''.join(', ' + a for a in call_args)})")
         cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")
     elif kind == "call_ex":
         star = arg_exprs[0]
         kwpart = f", **{star_kw}" if star_kw else ""
-        cg.emit("graph_break", f"__r = ___trampoline({fn_expr}, *{star}{kwpart})")
+        emit_call(f"__r = ___trampoline({fn_expr}, *{star}{kwpart})")
         cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")
     elif kind == "jump":
         jump_when = detail[2]

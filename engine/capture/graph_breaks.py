@@ -101,8 +101,9 @@ KINDS: list[GraphBreakKind] = [
         "Nothing to fix if the exception is intended; otherwise check the inputs."),
     GraphBreakKind(
         "GB0016", "Graph break inside a `with` or `try` block",
-        "A graph break happened inside a context manager or try block of the compiled frame; "
-        "the frame is run eagerly instead of being split.",
+        "A graph break happened inside a try block or a `with` block of a context manager other "
+        "than torch.no_grad()/enable_grad()/set_grad_enabled() (those are split like any frame: "
+        "the resume function re-enters the block); the frame is run eagerly instead of being split.",
         "Move the unsupported call out of the `with`/`try` block."),
     GraphBreakKind(
         "GB0017", "Mutation the capture cannot replay",

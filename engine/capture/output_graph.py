@@ -68,6 +68,7 @@ class OutputGraph:
         self.deferred_calls: list = []           # reorderable logging calls, replayed after the graph
         self.output_index: dict = {}
         self.grad_enabled = torch.is_grad_enabled()
+        self.initial_grad_enabled = self.grad_enabled
         self.initial_state = global_state()
         self.current_frame = None  # the interpreter Frame whose instruction is traced now
         self._last_placeholder: Optional[torch.fx.Node] = None

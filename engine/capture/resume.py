@@ -93,17 +93,20 @@ def clear_cache() -> None:
 
 def make_resume_code(code: types.CodeType, offset: int, stack_depth: int,
                      live_locals: Sequence[str], *, name: str | None = None,
-                     null_stack_indices: Sequence[int] = ()) -> ResumeCode:
-    key = (code, offset, stack_depth, tuple(live_locals), name, tuple(null_stack_indices))
+                     null_stack_indices: Sequence[int] = (), inside_handlers: bool = False) -> ResumeCode:
+    """`inside_handlers=True`: the caller knows `offset` is inside with-blocks whose exit
+    functions it passes on the stack (the kept exception table then runs them)."""
+    key = (code, offset, stack_depth, tuple(live_locals), name, tuple(null_stack_indices), inside_handlers)
     hit = _cache.get(key)
     if hit is not None:
         return hit
-    resume = _make(code, offset, stack_depth, list(live_locals), name, tuple(sorted(null_stack_indices)))
+    resume = _make(code, offset, stack_depth, list(live_locals), name, tuple(sorted(null_stack_indices)),
+                   inside_handlers)
     _cache[key] = resume
     return resume
 
 
-def _make(code, offset, stack_depth, live_locals, name, nulls) -> ResumeCode:
+def _make(code, offset, stack_depth, live_locals, name, nulls, inside_handlers=False) -> ResumeCode:
     for flag, what in _REFUSED_FLAGS.items():
         if code.co_flags & flag:
             raise ResumeUnsupported(f"cannot resume a {what} ({code.co_name}) after a graph break")
@@ -114,7 +117,7 @@ def _make(code, offset, stack_depth, live_locals, name, nulls) -> ResumeCode:
     if where.offset != offset:
         offset = where.offset  # an EXTENDED_ARG prefix: resume at its instruction
     at = f"{code.co_name} offset {offset} (line {where.lineno})"
-    if where.exn_tab_entry is not None:
+    if where.exn_tab_entry is not None and not inside_handlers:
         raise ResumeUnsupported(f"{at} is inside a try/with block or exception handler; "
                                 "resuming there would lose the active handler")
     pos = insts.index(where)

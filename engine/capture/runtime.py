@@ -189,8 +189,11 @@ class disabled_region:
         _state.disabled = _disabled_depth() - 1
 
 
-def run_function(fn, args, kwargs, options: CompileOptions):
-    if _disabled_depth() or not should_compile(fn):
+def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False):
+    """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
+    `optimizer_step`), as PEP 523 would see its frame."""
+    if _disabled_depth() or not (should_compile(fn) or (force and isinstance(fn, types.FunctionType) and
+                                                          not fn.__code__.co_flags & inspect.CO_GENERATOR)):
         return fn(*args, **kwargs)
     code = fn.__code__
     only = config.debug_function
@@ -224,6 +227,26 @@ def run_function(fn, args, kwargs, options: CompileOptions):
     return entry.fn(L, G, fn)
 
 
+class GradModeExit:
+    """The `__exit__` of a grad-mode `with` block (torch.no_grad(), enable_grad(),
+    set_grad_enabled(m)) that a graph break split: passed to the resume function on the
+    value stack where the block's own exit was, it restores the mode from before the
+    block when the block ends, normally or by an exception (the resume function keeps
+    the frame's exception table)."""
+
+    __slots__ = ("prev",)
+
+    def __init__(self, prev: bool):
+        self.prev = prev
+
+    def __call__(self, *exc_info):
+        torch._C._set_grad_enabled(self.prev)
+        return None
+
+    def __repr__(self):
+        return f"GradModeExit(prev={self.prev})"
+
+
 def make_trampoline(options: CompileOptions) -> Callable:
     """What generated code calls at a graph break instead of calling `fn` directly."""
 
@@ -231,12 +254,82 @@ def make_trampoline(options: CompileOptions) -> Callable:
         if isinstance(fn, types.FunctionType):
             return run_function(fn, args, kwargs, options)
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+            inner = optimizer_step_target(fn, args, kwargs)
+            if inner is not None:
+                return optimizer_step(fn.__self__, inner, options)
             return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options)
         if isinstance(fn, torch.nn.Module) and _plain_module_call(fn):
             return run_function(type(fn).forward, (fn,) + args, kwargs, options)
         return fn(*args, **kwargs)
 
     return trampoline
+
+
+# ---------------------------------------------------------------------- optimizer steps
+#
+# `opt.step()` is two torch wrappers around the optimizer's own `step`: a profiler range
+# with the step hooks (Optimizer.profile_hook_step) and a grad-mode switch between two
+# `torch._dynamo.graph_break()`s (_use_grad_for_differentiable). Under PEP 523 Dynamo
+# runs the wrappers eagerly and compiles the inner `step` frame (its parameter loop and
+# in-place updates under no_grad). Without PEP 523 the eager wrappers cannot route that
+# call to us, so at a graph break on `opt.step()` the trampoline runs the wrappers' own
+# steps itself (only when no step hooks are registered and no closure is passed, so they
+# reduce to exactly this) and compiles the inner step.
+
+_WRAPPER_CODES: list = []
+OPTIM_DIR = os.path.dirname(torch.optim.__file__) + os.sep
+
+
+def _wrapper_codes() -> tuple:
+    """(profile_hook_step's wrapper, _use_grad_for_differentiable's _use_grad) code objects
+    (functools.wraps gives the wrappers the inner step's names: only their code tells)."""
+    if not _WRAPPER_CODES:
+        from torch.optim import optimizer as optim_mod
+        _WRAPPER_CODES.append(optim_mod.Optimizer.profile_hook_step(lambda self: None).__code__)
+        _WRAPPER_CODES.append(optim_mod._use_grad_for_differentiable(lambda self: None).__code__)
+    return tuple(_WRAPPER_CODES)
+
+
+def is_optimizer_step_wrapper(fn) -> bool:
+    return isinstance(fn, types.FunctionType) and fn.__code__ is _wrapper_codes()[0]
+
+
+def optimizer_step_target(method, args, kwargs):
+    """The inner step function of `opt.step` (a bound method) when calling it reduces to
+    the profiler range, the grad-mode switch and that function; otherwise None."""
+    opt = method.__self__
+    if args or kwargs or not isinstance(opt, torch.optim.Optimizer):
+        return None
+    wrapper = method.__func__
+    if not is_optimizer_step_wrapper(wrapper):
+        return None
+    use_grad = getattr(wrapper, "__wrapped__", None)
+    if not isinstance(use_grad, types.FunctionType) or use_grad.__code__ is not _wrapper_codes()[1]:
+        return None
+    inner = getattr(use_grad, "__wrapped__", None)
+    if not isinstance(inner, types.FunctionType) or not inner.__code__.co_filename.startswith(OPTIM_DIR):
+        return None
+    from torch.optim import optimizer as optim_mod
+    if (optim_mod._global_optimizer_pre_hooks or optim_mod._global_optimizer_post_hooks or
+            opt._optimizer_step_pre_hooks or opt._optimizer_step_post_hooks):
+        return None
+    if not isinstance(opt.defaults, dict) or "differentiable" not in opt.defaults:
+        return None
+    return inner
+
+
+def optimizer_step(opt, inner, options: CompileOptions):
+    """What `opt.step()` does (profile_hook_step + _use_grad_for_differentiable), with the
+    inner step compiled."""
+    with torch.autograd.profiler.record_function(f"Optimizer.step#{opt.__class__.__name__}.step"):
+        prev = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(opt.defaults["differentiable"])
+            out = run_function(inner, (opt,), {}, options, force=True)
+        finally:
+            torch.set_grad_enabled(prev)
+        opt._optimizer_step_code()
+        return out
 
 
 def _plain_module_call(m) -> bool:

@@ -59,6 +59,21 @@ class GetItemSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class ListIteratorSource(Source):
+    """What a list iterator (a `for` loop's, passed to a resume function) still holds,
+    read without advancing it: `length` is its number of items left, `item` one of
+    them (counted from the end of the underlying list, which is where they are)."""
+    base: Source
+    what: str           # "length" or "item"
+    offset: int = 0     # for "item": items left before it
+
+    def name(self) -> str:
+        if self.what == "length":
+            return f"{self.base.name()}.__length_hint__()"
+        return f"{self.base.name()}.__reduce__()[1][0][-{self.offset}]"
+
+
+@dataclasses.dataclass(frozen=True)
 class BuiltinSource(Source):
     """A builtin such as `print`, read through the globals' `__builtins__`."""
 

@@ -82,9 +82,15 @@ def cpp_index(e) -> str:
     if e.is_Symbol:
         return str(e)
     if isinstance(e, FloorDiv):
-        return f"({cpp_index(e.args[0])} / {cpp_index(e.args[1])})"
+        if _nonnegative(e.args[0]):
+            return f"({cpp_index(e.args[0])} / {cpp_index(e.args[1])})"
+        # C++ division truncates; index math is floor division (masked-off lanes of a
+        # cat or pad can make the numerator negative)
+        return f"py_floordiv<int64_t>({cpp_index(e.args[0])}, {cpp_index(e.args[1])})"
     if isinstance(e, IMod):
-        return f"({cpp_index(e.args[0])} % {cpp_index(e.args[1])})"
+        if _nonnegative(e.args[0]):
+            return f"({cpp_index(e.args[0])} % {cpp_index(e.args[1])})"
+        return f"py_mod<int64_t>({cpp_index(e.args[0])}, {cpp_index(e.args[1])})"
     if e.is_Add:
         terms = [cpp_index(a) for a in sympy.Add.make_args(e)]
         return "(" + " + ".join(terms) + ")"
@@ -104,6 +110,26 @@ def cpp_index(e) -> str:
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
         return "(" + " * ".join([cpp_index(e.base)] * int(e.exp)) + ")"
     raise NotImplementedError(f"index expression {e}")
+
+
+def _nonnegative(e) -> bool:
+    """Provably >= 0: a sum of products of non-negative symbols (loop variables, sizes),
+    non-negative constants and floor divisions/modulos of such."""
+    e = sympy.expand(e)
+    for term in sympy.Add.make_args(e):
+        coeff, rest = term.as_coeff_Mul()
+        if coeff < 0:
+            return False
+        for f in sympy.Mul.make_args(rest):
+            if f.is_Symbol:
+                if not f.is_nonnegative:
+                    return False
+            elif isinstance(f, (FloorDiv, IMod)):
+                if not _nonnegative(f.args[0]):
+                    return False
+            elif not (f.is_Integer and f >= 0) and f != 1:
+                return False
+    return True
 
 
 def cpp_const(value, dtype) -> str:

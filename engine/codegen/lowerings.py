@@ -454,13 +454,18 @@ def cat(g, tensors, dim=0):
         for t in parts:
             offsets.append(acc)
             acc = acc + t.sizes[dim]
+        # every part's loads are masked: an out-of-bounds address is never formed, even on
+        # the branch not taken (the C++ compiler may assume it is not, and did)
         result = None
-        for t, off in reversed(list(zip(parts, offsets))):
+        for k, (t, off) in enumerate(reversed(list(zip(parts, offsets)))):
             sub = list(idx)
             sub[dim] = idx[dim] - off
             body = V.cast(t.loader(sub), cdt)
             if result is None:
-                result = body
+                if len(parts) == 1:
+                    return body
+                mask = V.op("ge", V.index_value(idx[dim]), V.index_value(off), dtype=torch.bool)
+                result = V.masked(mask, body, 0)
                 continue
             mask = V.op("lt", V.index_value(idx[dim]), V.index_value(off + t.sizes[dim]), dtype=torch.bool)
             result = V.op("where", mask, V.masked(mask, body, 0), result, dtype=cdt)

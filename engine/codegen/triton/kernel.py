@@ -190,7 +190,11 @@ class TritonKernel:
         self.written: set = set()
         self.read: set = set()
         self.counter = 0
-        self.locals: dict = {}           # (buffer, index str) -> (var, is_r_level)
+        self.locals: dict = {}           # (buffer, index str) -> (var, is_r_level, phase inner)
+        # Phases share the symbols r0, r1, ... over different ranges: r-level values, locals
+        # and index rewrites belong to the phase (inner ranges) they were made in.
+        self.cur_inner = None
+        self.cur_vars = None
         self.loop_vars: set = set(fk.outer_vars)
         for ph in fk.phases:
             self.loop_vars |= set(ph.inner_vars)
@@ -200,11 +204,6 @@ class TritonKernel:
         self.xflat = sympy.Symbol("xindex", integer=True, nonnegative=True)
         self.rflat = sympy.Symbol("rindex", integer=True, nonnegative=True)
         self.loop_vars |= {self.xflat, self.rflat}
-        # (vars, sizes, flat symbol) groups whose contiguous combination is the flat index
-        self.groups = [(list(fk.outer_vars), list(fk.outer), self.xflat)]
-        for ph in fk.phases:
-            if ph.inner != ():
-                self.groups.append((list(ph.inner_vars), list(ph.inner), self.rflat))
         self.symbols: set = set()
         self._rdefined = None           # inner ranges whose rmask/r vars are defined (persistent)
         self.reduction = any(ph.inner != () for ph in fk.phases)
@@ -240,6 +239,14 @@ class TritonKernel:
                 return True
         return False
 
+    def local(self, name, index, inner="current"):
+        """(var, is_r, inner) of a value this kernel computed, if visible in the current phase."""
+        hit = self.locals.get((name, str(index)))
+        inner = self.cur_inner if inner == "current" else inner
+        if hit is None or (hit[1] and hit[2] != inner):
+            return None
+        return hit
+
     def tmp(self) -> str:
         self.counter += 1
         return f"tmp{self.counter}"
@@ -253,8 +260,9 @@ class TritonKernel:
 
     def index(self, e) -> str:
         e = sympy.sympify(e)
-        for vars_, sizes, flat in self.groups:
-            e = _collapse(e, vars_, sizes, flat)
+        e = _collapse(e, list(self.fk.outer_vars), list(self.fk.outer), self.xflat)
+        if self.cur_inner is not None:
+            e = _collapse(e, list(self.cur_vars), list(self.cur_inner), self.rflat)
         self.symbols |= {s for s in e.free_symbols if s not in self.loop_vars}
         return tl_index(e)
 
@@ -263,7 +271,7 @@ class TritonKernel:
         for node in V.walk(v):
             if node.kind in ("load", "index"):
                 if node.kind == "load":
-                    hit = self.locals.get((node.name, str(node.extra)))
+                    hit = self.local(node.name, node.extra)
                     if hit is not None:
                         if hit[1]:
                             return True
@@ -278,12 +286,12 @@ class TritonKernel:
         target = scope
         if scope is not top and not mask_ctx and not self.is_r(v):
             target = top      # hoisted out of the r loop
-        key = (id(v), mask_ctx)
+        key = (id(v), mask_ctx, self.cur_inner if self.is_r(v) else None)
         for s in (target, top) if target is not top else (top,):
             if key in s.cache:
                 return s.cache[key]
-        if v.kind == "load" and (v.name, str(v.extra)) in self.locals:
-            return self.locals[(v.name, str(v.extra))][0]       # a value this kernel computed
+        if v.kind == "load" and self.local(v.name, v.extra) is not None:
+            return self.local(v.name, v.extra)[0]       # a value this kernel computed
         expr = self._expr(v, target, top, mask_ctx)
         if v.kind == "const":
             return expr
@@ -294,7 +302,7 @@ class TritonKernel:
 
     def _expr(self, v, scope, top, mask_ctx) -> str:
         if v.kind == "load":
-            hit = self.locals.get((v.name, str(v.extra)))
+            hit = self.local(v.name, v.extra)
             if hit is not None:
                 return hit[0]
             ptr = self.param(v.name)
@@ -351,9 +359,16 @@ class TritonKernel:
         if name in ("floordiv", "remainder"):
             a, b = args
             if dt.is_floating_point:
-                if name == "floordiv":
-                    return f"tl.floor({a} / {b})"
-                return f"({a} - tl.floor({a} / {b}) * {b})"
+                # Python's float // and %, from fmod (Triton's float %), as eager computes them
+                m = f"({a} % {b})"
+                fix = f"(({m} != 0) & (({b} < 0) != ({m} < 0)))"
+                if name == "remainder":
+                    return f"tl.where({fix}, {m} + {b}, {m})"
+                d = f"tl.where({fix}, ({a} - {m}) / {b} - 1.0, ({a} - {m}) / {b})"
+                fd = f"tl.where({d} - tl.floor({d}) > 0.5, tl.floor({d}) + 1.0, tl.floor({d}))"
+                q = f"({a} / {b})"
+                zero = f"({q} * 0.0)"      # copysign(0, a / b): q is finite wherever d == 0
+                return f"tl.where({b} == 0, {a} / {b}, tl.where({d} == 0, {zero}, {fd}))"
             # triton's integer // and % truncate toward zero (C); torch floors (Python)
             q, r = f"({a} // {b})", f"({a} % {b})"
             fix = f"(({r} != 0) & (({a} < 0) != ({b} < 0)))"
@@ -421,10 +436,10 @@ class TritonKernel:
                     if m.name in self.stored:
                         self.store(m, val, top, False)
                         stored_in_kernel.add(m.name)
-                    self.locals[(m.name, str(m.store_index))] = (val, False)
+                    self.locals[(m.name, str(m.store_index))] = (val, False, None)
                 continue
             reads = {ld.name for m in ph.members for ld in V.loads(m.value)
-                     if (ld.name, str(ld.extra)) not in self.locals}
+                     if self.local(ld.name, ld.extra, ph.inner) is None}
             if reads & stored_in_kernel and not self.persistent:
                 top.lines.append(f"{ind}tl.debug_barrier()")
             self._phase(ph, top, stored_in_kernel)
@@ -481,6 +496,13 @@ class TritonKernel:
         return x_votes > r_votes
 
     def _phase(self, ph, top: _Scope, stored_in_kernel: set):
+        self.cur_inner, self.cur_vars = ph.inner, ph.inner_vars
+        try:
+            self._phase_body(ph, top, stored_in_kernel)
+        finally:
+            self.cur_inner, self.cur_vars = None, None
+
+    def _phase_body(self, ph, top: _Scope, stored_in_kernel: set):
         ind = top.indent
         rn = numel(ph.inner)
         rn_s = self.index(rn)
@@ -530,7 +552,7 @@ class TritonKernel:
                 if m.name in self.stored:
                     self.store(m, val, scope, True)
                     stored_in_kernel.add(m.name)
-                self.locals[(m.name, str(m.store_index))] = (val, val_r)
+                self.locals[(m.name, str(m.store_index))] = (val, val_r, ph.inner)
                 continue
             _, rt, acc, ident, adt = next(a for a in accs if a[0] is m)
             if not val_r:
@@ -572,7 +594,7 @@ class TritonKernel:
             if m.name in self.stored:
                 self.store(m, res, top, False)
                 stored_in_kernel.add(m.name)
-            self.locals[(m.name, str(m.store_index))] = (res, False)
+            self.locals[(m.name, str(m.store_index))] = (res, False, None)
 
     def _finish(self, rt, tile, index_tile, top, name, looped=False) -> str:
         """Combine a [XBLOCK, RBLOCK] tile along r into a [XBLOCK, 1] value."""

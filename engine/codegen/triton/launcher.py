@@ -28,13 +28,9 @@ def _pool():
 
 
 def _compile_job(fn, args, grid, kw, device):
-    kernel = fn.warmup(*args, grid=grid, **kw)
-    if device is not None and hasattr(kernel, "_init_handles"):
-        # also load the binary and build its C launcher (a gcc run per new signature)
-        import torch
-        torch.cuda.set_device(device)
-        kernel._init_handles()
-    return kernel
+    # Compilation only: loading the binary into the CUDA context stays on the launching
+    # thread (a worker loading modules beside running kernels is a race we do not take).
+    return fn.warmup(*args, grid=grid, **kw)
 
 
 def precompile_graph(fn, args) -> None:
