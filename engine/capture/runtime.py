@@ -151,7 +151,8 @@ def _skip_dirs() -> tuple:
     return _SKIP_DIRS
 
 
-def should_compile(fn) -> bool:
+def should_compile(fn, force: bool = False) -> bool:
+    """`force`: a frame inside torch that compiles anyway (an optimizer step, a resume function)."""
     if not isinstance(fn, types.FunctionType):
         return False
     if getattr(fn, "_engine_disabled", False):
@@ -167,6 +168,8 @@ def should_compile(fn) -> bool:
     filename = code.co_filename
     if filename.startswith("<"):
         return not filename.startswith("<engine")
+    if force:
+        return True
     if filename.startswith(_TORCH_NN_MODULES):
         return True  # module forwards compile (as PEP 523 would see them), the rest of torch does not
     return not filename.startswith(_skip_dirs())
@@ -192,8 +195,7 @@ class disabled_region:
 def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False):
     """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
     `optimizer_step`), as PEP 523 would see its frame."""
-    if _disabled_depth() or not (should_compile(fn) or (force and isinstance(fn, types.FunctionType) and
-                                                          not fn.__code__.co_flags & inspect.CO_GENERATOR)):
+    if _disabled_depth() or not should_compile(fn, force):
         return fn(*args, **kwargs)
     code = fn.__code__
     only = config.debug_function

@@ -167,7 +167,8 @@ class GraphLowering:
         syms = [index_var(f"v{i}", s) for i, s in enumerate(tv.sizes)]
         nodes = V.walk(tv.loader(syms))
         ops = [n for n in nodes if n.kind in ("op", "masked", "iload")]
-        return len(ops) <= 12 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
+        costly = [n for n in ops if n.name in _TRANSCENDENTAL]
+        return len(ops) <= 12 and len(costly) <= 1 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
 
     def _output(self, value, node):
         if isinstance(value, TensorValue):
@@ -306,6 +307,10 @@ def _lowerable(fake) -> bool:
                 return False
     return True
 
+
+# ops whose recomputation costs more than a load (GELU's backward has two of them)
+_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "tanh", "sigmoid",
+                   "sin", "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh", "lgamma"}
 
 _BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,
               torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu}
