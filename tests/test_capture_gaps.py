@@ -348,3 +348,97 @@ def test_an_optimizer_with_step_hooks_runs_its_step_eagerly():
     for p, q in zip(m1.parameters(), m2.parameters()):
         torch.testing.assert_close(q, p)
     assert len(calls) == 2
+
+
+# ---------------------------------------------------------------------- 3b. NumPy through torch._numpy
+
+np = pytest.importorskip("numpy")
+
+
+def _np_roundtrip(x):
+    arr = x.numpy()
+    arr2 = arr * 2 + 1
+    return torch.from_numpy(arr2) - x, torch.as_tensor(arr.sum(axis=0)), arr.max()
+
+
+def _np_in_out(a):
+    b = np.sin(a) * 2
+    c = b.T @ a
+    return c, np.mean(b, axis=1), b.shape, b.dtype
+
+
+def _same(got, want):
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+    elif isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, (np.ndarray, np.generic)):
+        assert got.dtype == want.dtype and np.shape(got) == np.shape(want)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("fn,make", [(_np_roundtrip, lambda: (torch.randn(3, 4),)),
+                                     (_np_in_out, lambda: (np.random.randn(4, 3).astype(np.float32),))])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_numpy_is_traced_into_one_graph(fn, make, backend):
+    f = engine.compile(fn, backend=backend)
+    for _ in range(2):
+        args = make()
+        _same(f(*args), fn(*args))
+    args = make()
+    out = _ours(fn, *args)
+    assert (out.graph_count, out.graph_break_count) == _torch_counts(fn, *args) == (1, 0)
+
+
+def test_ndarray_inputs_are_guarded_like_tensors():
+    f = engine.compile(lambda a: np.cos(a) + a, backend="eager")
+    for a in (np.ones((2, 2), np.float32), np.ones((2, 2), np.float64), np.arange(6.0).reshape(3, 2)):
+        _same(f(a), np.cos(a) + a)
+
+
+def test_numpy_the_capture_cannot_trace_still_runs_eagerly():
+    def fn(x):
+        arr = x.numpy()
+        arr.fill(3.0)                 # mutates x through the shared memory: not a graph node
+        total = float(arr.sum())      # Python needs the number
+        return x * total, arr
+
+    x1, x2 = torch.randn(3), torch.randn(3)
+    x2.copy_(x1)
+    _same(engine.compile(fn, backend="eager")(x2), fn(x1))
+    torch.testing.assert_close(x2, x1)
+    with pytest.raises(RuntimeError):  # .numpy() of a tensor that requires grad: the eager error
+        engine.compile(lambda t: t.numpy(), backend="eager")(torch.ones(2, requires_grad=True))
+
+
+def test_an_iterator_the_caller_holds_is_advanced_as_eagerly():
+    def fn(it, x):
+        for v in it:
+            if v > 1:
+                break
+        return x + 1
+
+    for f in (fn, engine.compile(fn, backend="eager")):
+        it = iter([0, 1, 2, 3, 4])
+        torch.testing.assert_close(f(it, torch.ones(2)), torch.full((2,), 2.0))
+        assert next(it) == 3
+
+
+def test_a_break_inside_a_loop_over_a_list_resumes_with_the_rest_of_the_loop(capsys):
+    def fn(xs, y):
+        for x in xs:
+            y = y + x * 2
+            print("step")
+        return y
+
+    xs = [torch.ones(2), torch.full((2,), 3.0), torch.full((2,), 5.0)]
+    f = engine.compile(fn, backend="eager")
+    for n in (3, 3, 1):
+        torch.testing.assert_close(f(xs[:n], torch.zeros(2)), fn(xs[:n], torch.zeros(2)))
+    out = _ours(fn, xs, torch.zeros(2))
+    assert out.graph_count == 3  # one graph per iteration: the resume functions compile the loop

@@ -14,7 +14,8 @@ import torch
 from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
 from .runtime import GradModeExit
-from .source import AttrSource, GetItemSource, ListIteratorSource, Source
+from . import numpy_ops
+from .source import AttrSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
 from .variables import (ConstantVariable, DictVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable,
                         ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
@@ -75,8 +76,18 @@ class Builder:
             return known
         if isinstance(value, torch.Tensor):
             return self.wrap_tensor(value, source)
-        if type(value) is _LIST_ITERATOR:
+        if type(value) is _LIST_ITERATOR and isinstance(source, LocalSource) and source.local.startswith("__stack"):
+            # only a resume function's own loop iterator (built by the generated code, seen by nobody
+            # else): tracing it does not advance it, which would be wrong for an iterator a caller holds
             return self.wrap_list_iterator(value, source)
+        if numpy_ops.input_supported(value):  # an ndarray: the tensor sharing its memory (engine/capture/numpy_ops)
+            out.add_guard("TYPE_MATCH", source, type(value))
+            tensor = torch.from_numpy(value)
+            tsrc = NumpyTensorSource(source)
+            out.add_guard("TENSOR_MATCH", tsrc, tensor)
+            vt = numpy_ops.NumpyVariable(out.add_graph_input(tensor, tsrc), source)
+            out.remember(value, vt)
+            return vt
         if type(value) is GradModeExit:  # a split grad-mode with block, resumed (see runtime.GradModeExit)
             out.add_guard("TYPE_MATCH", source, GradModeExit)
             out.add_guard("EQUALS_MATCH", AttrSource(source, "prev"), value.prev)

@@ -18,7 +18,7 @@ import torch
 import observe
 
 from .. import config
-from . import runtime
+from . import numpy_ops, runtime
 from .builder import is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import GetItemSource, ModuleGlobalSource, AttrSource
@@ -66,6 +66,8 @@ def _inlinable_torch(fn) -> bool:
 
 
 def call_python_function(tx, fn, args, kwargs, source):
+    if numpy_ops.has_numpy(args, kwargs) and numpy_ops.numpy_callable_name(fn) is not None:
+        return numpy_ops.call_numpy_function(tx, fn, args, kwargs)  # np.mean(arr) & co: torch._numpy
     api = _markers()
     inner = getattr(fn, "_engine_orig", None)
     if inner is not None and not getattr(fn, "_engine_disabled", False):
@@ -262,6 +264,11 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
     special = SPECIAL_FUNCTIONS.get(fn) if _hashable(fn) else None
     if special is not None:
         return special(tx, args, kwargs)
+    if numpy_ops.has_numpy(args, kwargs):  # an ndarray argument: NumPy traced through torch._numpy
+        if fn in (torch.from_numpy, torch.as_tensor, torch.asarray):
+            return numpy_ops.from_numpy(tx, fn, args, kwargs)
+        if numpy_ops.numpy_callable_name(fn) is not None:
+            return numpy_ops.call_numpy_function(tx, fn, args, kwargs)
     if isinstance(fn, type):
         return call_class(tx, fnv, args, kwargs)
     if isinstance(fn, torch.nn.Module):

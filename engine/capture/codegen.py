@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import scalars
+from . import numpy_ops, scalars
 from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
@@ -51,7 +51,7 @@ class CodeGen:
         self.output_index = output_index  # fx node -> index in the graph's output tuple
         self.ns: dict[str, Any] = {"___new_object": _new_object, "___make_cell": _make_cell, "___bind": _bind,
                                    "___FunctionType": types.FunctionType, "___identity": lambda v: v,
-                                   "___always": lambda v: True}
+                                   "___always": lambda v: True, "torch": torch}
         self.lines: dict[str, list[str]] = {"call_graph": [], "store_outputs": [], "side_effects": [],
                                             "graph_break": [], "resume_call": []}
         self.memo: dict[int, str] = {}
@@ -113,6 +113,9 @@ class CodeGen:
             raise GraphBreak("GB0018", "a cell of the compiled function's closure")
         if vt.source is not None and not isinstance(vt, (NestedFunctionVariable,)):
             return vt.source.name()
+        if isinstance(vt, numpy_ops.NumpyVariable):  # an ndarray computed by the graph, handed back as NumPy's
+            self.ns["___numpy_out"] = numpy_ops.to_numpy_output
+            return f"___numpy_out({self.expr(vt.tensor)})"
         if isinstance(vt, TensorVariable):
             node = vt.proxy.node
             if node.op == "get_attr":

@@ -30,7 +30,7 @@ from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
 from .output_graph import OutputGraph
 from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, make_trampoline, run_function
 from .source import GlobalSource, LocalSource
-from . import scalars
+from . import numpy_ops, scalars
 from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable
 
 _compiled_fn_counter = [0]
@@ -541,6 +541,10 @@ def _collect_tensors(vt, acc, seen, visiting):
         if id(vt) not in seen:
             seen.add(id(vt))
             acc.append(vt)
+        return
+    if isinstance(vt, numpy_ops.NumpyVariable):
+        if vt.source is None:
+            _collect_tensors(vt.tensor, acc, seen, visiting)
         return
     if vt.source is not None and not isinstance(vt, (ListVariable, DictVariable, ObjectVariable)):
         return

@@ -68,8 +68,10 @@ KINDS: list[GraphBreakKind] = [
         "Check the operator's arguments (shapes, dtypes); if the call is valid eagerly, report it."),
     GraphBreakKind(
         "GB0010", "Tensor converted to a Python or NumPy value",
-        "`bool(t)`, `int(t)`, `float(t)`, `t.numpy()` or iterating a tensor's values needs its "
-        "data, which is only known at run time.",
+        "`bool(t)`, `int(t)`, `float(t)` or iterating a tensor's values needs its data, which is "
+        "only known at run time. NumPy code on ndarrays is traced (through torch._numpy), except "
+        "what mutates an array (`arr.fill`, `arr += 1`, `out=`), `t.numpy()` of a tensor that "
+        "requires grad, and NumPy functions torch._numpy does not have.",
         "Keep the computation in torch (`torch.where`, tensor ops), or move the conversion out "
         "of the compiled function."),
     GraphBreakKind(

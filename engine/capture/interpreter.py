@@ -27,7 +27,7 @@ import observe
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
-from . import scalars
+from . import numpy_ops, scalars
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import AttrSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
@@ -984,6 +984,8 @@ class Frame:
     # ------------------------------------------------------------------ operators
 
     def unary(self, op, v):
+        if isinstance(v, numpy_ops.NumpyVariable):
+            return numpy_ops.unary(self, op, v)
         if isinstance(v, TensorVariable):
             return self.tensor_call("call_function", op, [v], {})
         if isinstance(v, ConstantVariable):
@@ -1001,6 +1003,8 @@ class Frame:
             raise TracedException(ExceptionVariable(type(exc), [ConstantVariable(str(exc))])) from None
 
     def binary(self, op, a, b):
+        if isinstance(a, numpy_ops.NumpyVariable) or isinstance(b, numpy_ops.NumpyVariable):
+            return numpy_ops.binary(self, op, a, b)  # NumPy semantics, traced through torch._numpy
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             other = b if isinstance(a, TensorVariable) else a
             if isinstance(other, (ConstantVariable, TensorVariable)) or \
@@ -1174,6 +1178,8 @@ class Frame:
     def getattr(self, obj, name: str):
         if isinstance(obj, TensorVariable):
             return self.tensor_getattr(obj, name)
+        if isinstance(obj, numpy_ops.NumpyVariable):
+            return numpy_ops.getattr_(self, obj, name)
         if isinstance(obj, ConstantVariable):
             val = obj.value
             try:
@@ -1471,6 +1477,8 @@ class Frame:
             gb = TENSOR_METHOD_BREAKS[name]
             if name in ("item", "tolist") and config.capture_scalar_outputs and not args and not kwargs:
                 return self.captured_scalars(t, name)
+            if name == "numpy" and numpy_ops.available():
+                return numpy_ops.tensor_to_numpy(self, t, args, kwargs)
             raise GraphBreak(gb, f"Tensor.{name}()")
         if name in TENSOR_METADATA_METHODS:
             cargs = [self.as_python(a) for a in args]
@@ -1502,6 +1510,8 @@ class Frame:
             return self.call_python_function(fn.fn, args, kwargs, fn.source)
         if isinstance(fn, BoundMethodVariable):
             return self.call_method(fn, args, kwargs)
+        if isinstance(fn, numpy_ops.NumpyMethodVariable):
+            return numpy_ops.call_method(self, fn, args, kwargs)
         if isinstance(fn, WithExitVariable):
             ctx = fn.ctx
             if isinstance(ctx, GradModeVariable):

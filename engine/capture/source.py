@@ -74,6 +74,15 @@ class ListIteratorSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class NumpyTensorSource(Source):
+    """The tensor an ndarray input is (sharing its memory), as the graph takes it."""
+    base: Source
+
+    def name(self) -> str:
+        return f"torch.from_numpy({self.base.name()})"
+
+
+@dataclasses.dataclass(frozen=True)
 class BuiltinSource(Source):
     """A builtin such as `print`, read through the globals' `__builtins__`."""
 
