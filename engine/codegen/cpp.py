@@ -199,6 +199,7 @@ class CppKernel:
         self.written: set = set()
         self.counter = 0
         self.locals: dict = {}          # buffer -> C variable holding its value, when visible
+        self.unstored = {m.name for m in fk.members} - set(fk.stored)
         self.symbols: set = set()
 
     # -- values -----------------------------------------------------------------------
@@ -236,6 +237,10 @@ class CppKernel:
             local = self.locals.get((v.name, str(v.extra)))
             if local is not None:
                 return local
+            if v.name in self.unstored:
+                # a safety net: the scheduler kept it in registers but it is not visible here;
+                # failing now makes the graph run uncompiled instead of reading garbage
+                raise RuntimeError(f"{self.fk.name}: {v.name} is neither stored nor in scope")
             ptr = self.param(v.name)
             raw = f"{ptr}[{self.index(v.extra)}]"
             dt = self.layouts[v.name].dtype
@@ -553,7 +558,10 @@ class CppKernel:
         top.lines.extend(scope.lines)
         for k in reversed(range(n)):
             top.lines.append(ind + "  " * k + "}")
-        self.locals = saved
+        if n:
+            # values computed inside the loops die with them; a loop-less phase (a reduction
+            # over size-1 dims) leaves its pointwise values in scope for later phases
+            self.locals = saved
         for m, rt, acc in accs:
             if rt in ("max", "min") and m.value.dtype.is_floating_point:
                 top.lines.append(f"{ind}if ({acc}_nan) {acc} = std::numeric_limits<{CTYPES[m.value.dtype]}>::quiet_NaN();")
