@@ -7,7 +7,7 @@ import functools
 import inspect
 import itertools
 import types
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
 

@@ -12,14 +12,7 @@ import torch.fx
 import observe
 from engine.aot import AOTAutogradError, aot_compile
 from engine.backends.aot_eager import aot_eager, aot_eager_decomp_partition, run_graph
-
-
-@pytest.fixture
-def events():
-    seen = []
-    fn = observe.subscribe(seen.append)
-    yield seen
-    observe.unsubscribe(fn)
+from engine_helpers import events
 
 
 def named(events, name):

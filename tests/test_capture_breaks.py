@@ -8,13 +8,7 @@ import torch
 
 import engine
 from engine.capture import graph_breaks
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def test_print_splits_the_function_into_two_graphs(capsys):

@@ -6,18 +6,9 @@ bare interpreter checks the 3.12 side:  python3.12 -m pytest tests/test_capture_
 
 import importlib
 import pathlib
-import sys
 import types
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-try:
-    import torch  # noqa: F401
-except ImportError:  # a bare interpreter: load engine.capture without engine/__init__ (torch)
-    for name, path in (("engine", ROOT / "engine"), ("engine.capture", ROOT / "engine" / "capture")):
-        if name not in sys.modules:
-            pkg = types.ModuleType(name)
-            pkg.__path__ = [str(path)]
-            sys.modules[name] = pkg
+import bare_capture  # noqa: F401,E402 (before engine.capture: loads it without torch)
 
 import pytest  # noqa: E402
 

@@ -7,13 +7,7 @@ import pytest
 import torch
 
 import engine
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def broken_backend(gm, example_inputs):

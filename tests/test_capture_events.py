@@ -3,26 +3,11 @@ TORCH_TRACE and tlparse show a compile the way they show PyTorch's."""
 
 import logging
 
-import pytest
 import torch
 
 import engine
 import observe
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
-
-
-@pytest.fixture
-def events():
-    seen = []
-    fn = observe.subscribe(seen.append)
-    yield seen
-    observe.unsubscribe(fn)
+from engine_helpers import events, fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def program(x):

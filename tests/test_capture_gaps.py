@@ -8,13 +8,7 @@ import torch
 
 import engine
 from engine import config
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 @pytest.fixture

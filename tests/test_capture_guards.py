@@ -4,23 +4,12 @@ in words."""
 
 import warnings
 
-import pytest
 import torch
 
 import engine
 from engine.capture import runtime
 from engine.guards import Guard, TensorMeta, compile_guards, global_state, render_guards
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
-
-
-def entries_of(fn):
-    return runtime.cache_for(fn.__code__).entries
+from engine_helpers import cache_entries as entries_of, fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def test_changed_inputs_recompile_instead_of_running_stale_code():

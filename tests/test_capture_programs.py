@@ -8,13 +8,7 @@ import pytest
 import torch
 
 import engine
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def graphs_of(fn, *args, **kwargs):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import engine
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 CASES = []
 
@@ -43,13 +44,6 @@ def same(a, b) -> bool:
     if hasattr(a, "__dict__") and not callable(a):
         return same(vars(a), vars(b))
     return a == b
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    yield
-    engine.reset()
 
 
 X = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))

@@ -1,47 +1,16 @@
 """Recompiles: what TORCH_LOGS=recompiles / recompiles_verbose show, the cache limits and
 the eager fallback after them, and the guard tree and reasons in TORCH_TRACE."""
 
-import contextlib
 import glob
 import json
 import os
 import warnings
 
-import pytest
 import torch
 
 import engine
-import observe
 from observe import trace
-from engine.capture import runtime
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    engine.reset()
-    yield
-    engine.reset()
-
-
-@contextlib.contextmanager
-def logs(*names):
-    out = []
-
-    def sink(e):
-        if e.name == "log":
-            out.append(e.metadata["msg"] % e.metadata["args"])
-        else:
-            out.append(e.payload_fn() if e.payload_fn else str(e.metadata))
-
-    observe.subscribe(sink, logs=list(names))
-    try:
-        yield out
-    finally:
-        observe.unsubscribe(sink)
-
-
-def entries(fn):
-    return runtime.cache_for(fn.__code__).entries
+from engine_helpers import cache_entries as entries, fresh_engine, logs  # noqa: F401 (fresh_engine: autouse)
 
 
 def fn(x):

@@ -3,22 +3,10 @@ global, a module attribute, a parameter's requires_grad, grad mode, default dtyp
 dict's keys, a list's length, ...), the compiled function either recompiles or runs an
 entry that is still valid. Every call is compared with eager."""
 
-import pytest
 import torch
 
 import engine
-from engine.capture import runtime
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    engine.reset()
-    yield
-    engine.reset()
-
-
-def entries(fn):
-    return runtime.cache_for(getattr(fn, "__code__", None) or fn.forward.__code__).entries
+from engine_helpers import cache_entries as entries, fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 def check(compiled, eager, *args):

@@ -4,20 +4,13 @@ the tree renderer on its own over Guard data."""
 
 import contextlib
 
-import pytest
 import torch
 
 import engine
 import observe
 from engine.guards import Guard, TensorMeta
 from engine.guards.tree import render_guard_tree
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    engine.reset()
-    yield
-    engine.reset()
+from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 
 @contextlib.contextmanager

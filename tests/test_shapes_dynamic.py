@@ -2,43 +2,10 @@
 and False, mark_dynamic / mark_static, symbolic sizes inside graphs and in returned values.
 Every call is compared with eager."""
 
-import contextlib
-
-import pytest
 import torch
 
 import engine
-import observe
-from engine.capture import runtime
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    engine.reset()
-    yield
-    engine.reset()
-
-
-@contextlib.contextmanager
-def logs(*names):
-    """Collect what TORCH_LOGS=<names> would show, one string per event."""
-    out = []
-
-    def sink(e):
-        if e.name == "log":
-            out.append(e.metadata["msg"] % e.metadata["args"])
-        else:
-            out.append(e.payload_fn() if e.payload_fn else str(e.metadata))
-
-    observe.subscribe(sink, logs=list(names))
-    try:
-        yield out
-    finally:
-        observe.unsubscribe(sink)
-
-
-def entries(fn):
-    return runtime.cache_for(fn.__code__).entries
+from engine_helpers import cache_entries as entries, fresh_engine, logs  # noqa: F401 (fresh_engine: autouse)
 
 
 def same(a, b):

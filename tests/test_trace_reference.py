@@ -50,6 +50,16 @@ def emit_compiles():
         observe.emit("compilation_metrics", {"compile_id": "0/1", "co_name": "step"})
 
 
+def trace_compiles(tmp_path) -> str:
+    """emit_compiles() under TORCH_TRACE=tmp_path/trace; the trace file's path."""
+    sink = trace.start(str(tmp_path / "trace"))
+    try:
+        emit_compiles()
+        return sink.path
+    finally:
+        trace.stop()
+
+
 def reference_stats(tmp_path, log, *flags):
     out = tmp_path / "ref_out"
     proc = subprocess.run([REFERENCE, str(log), "-o", str(out), "--no-browser", "--overwrite", *flags],
@@ -62,12 +72,7 @@ def reference_stats(tmp_path, log, *flags):
 
 
 def test_reference_tlparse_parses_our_trace_without_failures(tmp_path):
-    sink = trace.start(str(tmp_path / "trace"))
-    try:
-        emit_compiles()
-        log = sink.path
-    finally:
-        trace.stop()
+    log = trace_compiles(tmp_path)
     rc, stats, out = reference_stats(tmp_path, log, "--strict")
     assert rc == 0
     assert not {k: v for k, v in stats.items() if k.startswith("fail")}, stats
@@ -81,12 +86,7 @@ def test_reference_tlparse_parses_our_trace_without_failures(tmp_path):
 
 def test_reference_tlparse_reads_ranked_traces(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    sink = trace.start(str(tmp_path / "trace"))
-    try:
-        emit_compiles()
-        log = sink.path
-    finally:
-        trace.stop()
+    log = trace_compiles(tmp_path)
     assert "_rank_1_" in os.path.basename(log)
     rc, stats, _ = reference_stats(tmp_path, log, "--strict")
     assert rc == 0 and not {k: v for k, v in stats.items() if k.startswith("fail")}, stats

@@ -29,7 +29,6 @@ if sys.version_info[:2] not in ((3, 11), (3, 12)):  # pragma: no cover - guarded
     raise ImportError("engine.capture.bytecode supports CPython 3.11 and 3.12 only")
 
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-_CACHE = dis.opmap["CACHE"]
 _HASJREL = frozenset(dis.hasjrel)
 _HASCONST = frozenset(dis.hasconst)
 _HASNAME = frozenset(dis.hasname)

@@ -9,7 +9,6 @@ import collections
 import dataclasses
 import functools
 import inspect
-import math
 import operator
 import types
 
@@ -20,13 +19,13 @@ import observe
 from .. import config
 from . import numpy_ops, runtime
 from .builder import is_constant_value, wrap_constant
+from .containers import dict_update
 from .graph_breaks import GraphBreak
 from .source import GetItemSource, ModuleGlobalSource, AttrSource
-from .tensor_ops import PURE_BUILTINS, PURE_MODULES, convertible, has_tensor, is_torch_op
+from .tensor_ops import PURE_MODULES, convertible, is_torch_op
 from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionVariable, FunctionVariable,
                         GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable, ObjectVariable,
-                        SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable,
-                        VariableTracker)
+                        SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable)
 
 import os as _os
 
@@ -34,7 +33,6 @@ _ENGINE_DIRS = tuple(_os.path.join(_os.path.dirname(_os.path.dirname(_os.path.di
                      + _os.sep for d in ("engine", "observe"))
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
-_STDLIB_PREFIX = None
 
 
 def _markers():
@@ -428,10 +426,6 @@ def make_namedtuple(tx, cls, args, kwargs):
 # ---------------------------------------------------------------------- builtins
 
 
-def _items(tx, v):
-    return tx.unpack(v)
-
-
 def bi_len(tx, args, kwargs):
     (v,) = args
     if isinstance(v, (ListVariable, TupleVariable)):
@@ -603,13 +597,6 @@ def bi_sorted(tx, args, kwargs):
     return ListVariable([items[i] for i in order])
 
 
-def _reduce(tx, op, items, start=None):
-    acc = start
-    for x in items:
-        acc = x if acc is None else tx.binary(op, acc, x)
-    return acc
-
-
 def bi_sum(tx, args, kwargs):
     items = tx.unpack(args[0])
     start = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
@@ -685,15 +672,7 @@ def bi_tuple(tx, args, kwargs):
 
 def bi_dict(tx, args, kwargs):
     d = DictVariable({})
-    if args:
-        src = args[0]
-        if isinstance(src, DictVariable):
-            d.items.update(src.items)
-        else:
-            for pair in tx.unpack(src):
-                k, v = tx.unpack(pair)
-                d.items[tx.dict_key(k)] = v
-    d.items.update(kwargs)
+    dict_update(tx, d, args, kwargs)
     return d
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -21,10 +21,9 @@ from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
 from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                        ExceptionVariable,
-                        FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
-                        NullVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker,
-                        WithExitVariable)
+                        ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
+                        NestedFunctionVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
+                        VariableTracker, WithExitVariable)
 
 
 def _new_object(cls, attrs):

@@ -95,6 +95,19 @@ def list_method(tx, lst: ListVariable, name, args, kwargs):
     return ConstantVariable(None)
 
 
+def dict_update(tx, d: DictVariable, args, kwargs) -> None:
+    """`d.update(*args, **kwargs)` on a traced dict (also what `dict(...)` builds)."""
+    if args:
+        src = args[0]
+        if isinstance(src, DictVariable):
+            d.items.update(src.items)
+        else:
+            for pair in tx.unpack(src):
+                k, v = tx.unpack(pair)
+                d.items[tx.dict_key(k)] = v
+    d.items.update(kwargs)
+
+
 def dict_method(tx, d: DictVariable, name, args, kwargs):
     out = tx.out
     if name == "keys":
@@ -117,15 +130,7 @@ def dict_method(tx, d: DictVariable, name, args, kwargs):
     if name == "__len__":
         return ConstantVariable(len(d.items))
     if name == "update":
-        if args:
-            src = args[0]
-            if isinstance(src, DictVariable):
-                d.items.update(src.items)
-            else:
-                for pair in tx.unpack(src):
-                    k, v = tx.unpack(pair)
-                    d.items[tx.dict_key(k)] = v
-        d.items.update(kwargs)
+        dict_update(tx, d, args, kwargs)
     elif name == "setdefault":
         k = tx.dict_key(args[0])
         if k in d.items:

@@ -10,7 +10,6 @@ import os
 import sys
 import time
 import traceback
-import types
 import warnings
 from typing import Optional
 

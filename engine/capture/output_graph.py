@@ -16,7 +16,7 @@ from . import scalars
 from .builder import Builder
 from .graph_breaks import GraphBreak
 from .source import AttrSource, Source
-from .variables import ObjectVariable, TensorVariable, VariableTracker
+from .variables import TensorVariable, VariableTracker
 
 try:
     from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,

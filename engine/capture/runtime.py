@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import logging
 import os
-import sys
 import sysconfig
 import threading
 import types
-import warnings
-import weakref
 from typing import Any, Callable, Optional
 
 import torch

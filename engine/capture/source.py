@@ -83,22 +83,6 @@ class NumpyTensorSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
-class BuiltinSource(Source):
-    """A builtin such as `print`, read through the globals' `__builtins__`."""
-
-    builtin: str
-
-    def name(self) -> str:
-        return f"__builtins__[{self.builtin!r}]"
-
-
-def base_of(source: Source) -> Source:
-    while isinstance(source, (AttrSource, GetItemSource)):
-        source = source.base
-    return source
-
-
-@dataclasses.dataclass(frozen=True)
 class ModuleGlobalSource(Source):
     """A global of another module (a function inlined from it reads its globals)."""
 

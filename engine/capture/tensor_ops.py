@@ -3,7 +3,6 @@ FakeTensor / Proxy arguments."""
 
 from __future__ import annotations
 
-import builtins
 import math
 import operator
 import types
@@ -86,8 +85,6 @@ def has_tensor(v) -> bool:
     return False
 
 
-_TORCH_C_MODULES = ("torch._C._VariableFunctions", "torch._C._nn", "torch._C._linalg", "torch._C._fft",
-                    "torch._C._special", "torch._C")
 _GRAPH_PY_MODULES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.nn.init",
                      "torch._decomp", "torch.special", "torch.linalg", "torch.fft", "torch._tensor")
 

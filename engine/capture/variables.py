@@ -260,6 +260,3 @@ class SuperVariable(VariableTracker):
         self.cls = cls
         self.obj = obj
 
-
-def is_const(v) -> bool:
-    return isinstance(v, ConstantVariable)

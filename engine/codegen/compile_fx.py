@@ -79,15 +79,33 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
     try:
         return _compile(gm, example_inputs, out_spec)
     except Exception as exc:   # never a wrong result: run the aten graph as it is
-        reason = f"{type(exc).__name__}: {exc}"
-        observe.log("inductor", logging.WARNING if not isinstance(exc, Unsupported) else logging.INFO,
-                    "codegen could not compile this graph, running its aten ops: %s", reason)
-        observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
-        _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
-        return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
+        return uncompiled(gm, out_spec, exc, "codegen",
+                          logging.WARNING if not isinstance(exc, Unsupported) else logging.INFO)
 
 
-def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
+def uncompiled(gm, out_spec, exc: Exception, what: str, level: int) -> CompiledGraph:
+    """The graph codegen could not compile, run as its aten ops; the reason goes to the
+    inductor log and perf_hints."""
+    reason = f"{type(exc).__name__}: {exc}"
+    observe.log("inductor", level, what + " could not compile this graph, running its aten ops: %s", reason)
+    observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
+    _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
+    return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
+
+
+def output_buffers(g) -> set:
+    """The buffers the graph's outputs are views of."""
+    out = set()
+    for o in g.outputs:
+        view = g.as_strided(o) if hasattr(o, "loader") else None
+        if view is not None:
+            out.add(view[0])
+    return out
+
+
+def lower_and_schedule(gm, example_inputs):
+    """Lowering and scheduling, shared by the C++ and Triton emitters: returns the graph's
+    cache key, its lowering, its schedule and the pre-fusion IR text."""
     key = graph_key(gm, example_inputs)
     with observe.stage("lowering"):
         g = GraphLowering(gm, example_inputs).run()
@@ -95,15 +113,39 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
     for op in g.fallback_ops:
         _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
 
-    output_buffers = set()
-    for o in g.outputs:
-        view = g.as_strided(o) if hasattr(o, "loader") else None
-        if view is not None:
-            output_buffers.add(view[0])
     graph_inputs = {b.name for b in g.inputs if b is not None}
-    sched = schedule(g.nodes, output_buffers, graph_inputs)
+    sched = schedule(g.nodes, output_buffers(g), graph_inputs)
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")
+    return key, g, sched, ir_pre
+
+
+def load_wrapper(wrapper_src: str, key: str, g) -> types.ModuleType:
+    """Emit the wrapper as output code and run it as a module (which loads the kernels),
+    with the graph's constant tensors set on it."""
+    observe.emit("inductor_output_code", {"filename": f"output_code_{key}.py"}, lambda: wrapper_src,
+                 log="output_code")
+    module = types.ModuleType(f"engine_codegen_graph_{key}")
+    module.__file__ = f"<engine codegen graph {key}>"
+    exec(compile(wrapper_src, module.__file__, "exec"), module.__dict__)
+    for name, value in g.constants.items():
+        setattr(module, name, value)
+    return module
+
+
+def finish(gm, g, sched, module, out_spec, wrapper_src, n_kernels: int, artifacts: dict) -> CompiledGraph:
+    """The CompiledGraph of a loaded wrapper; remembered as the last one for debug_files."""
+    V.reset()
+    n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
+    compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, n_kernels, n_externs, artifacts=artifacts)
+    compiled.extern_ops = list(g.extern_ops)
+    compiled.fallback_ops = list(g.fallback_ops)
+    _last[0] = compiled
+    return compiled
+
+
+def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
+    key, g, sched, ir_pre = lower_and_schedule(gm, example_inputs)
     from . import triton as triton_codegen
     if triton_codegen.wanted(g):     # CUDA tensors (or config.triton_interpret): the Triton emitter
         return triton_codegen.compile_triton(gm, g, sched, out_spec, key, ir_pre)
@@ -120,14 +162,7 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
                 _kernel_hints(step, g)
         cpp_source = prelude(has_vector_math()) + "\n" + "\n".join(kernel_srcs)
         wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key)
-    observe.emit("inductor_output_code", {"filename": f"output_code_{key}.py"}, lambda: wrapper_src,
-                 log="output_code")
-    module = types.ModuleType(f"engine_codegen_graph_{key}")
-    module.__file__ = f"<engine codegen graph {key}>"
-    code = compile(wrapper_src, module.__file__, "exec")
-    exec(code, module.__dict__)      # compiles (or loads from the cache) the kernels
-    for name, value in g.constants.items():
-        setattr(module, name, value)
+    module = load_wrapper(wrapper_src, key, g)      # compiles (or loads from the cache) the kernels
     ir_post = _post_fusion_text(sched)
     artifacts = {
         "fx_graph_transformed.py": gm.print_readable(print_output=False),
@@ -140,14 +175,7 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
         # for TORCH_COMPILE_DEBUG's per-graph folder (and TORCH_LOGS=ir_pre_fusion,ir_post_fusion)
         observe.emit("artifact", {"name": fname.rsplit(".", 1)[0], "filename": fname, "encoding": "string"},
                      (lambda t=artifacts[fname]: t), log=log)
-    V.reset()
-    n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
-    compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, len(kernel_sigs), n_externs,
-                             artifacts=artifacts)
-    compiled.extern_ops = list(g.extern_ops)
-    compiled.fallback_ops = list(g.fallback_ops)
-    _last[0] = compiled
-    return compiled
+    return finish(gm, g, sched, module, out_spec, wrapper_src, len(kernel_sigs), artifacts)
 
 
 def _kernel_hints(fk: FusedKernel, g: GraphLowering):

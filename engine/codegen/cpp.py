@@ -11,6 +11,7 @@ import torch
 
 from . import values as V
 from .index import FloorDiv, IMod, numel
+from .index_printer import IndexPrinter
 from .scheduler import FusedKernel
 
 CTYPES = {
@@ -74,42 +75,33 @@ def prelude(vector_math: bool) -> str:
     return PRELUDE + (MVEC_DECLS if vector_math else "")
 
 
-def cpp_index(e) -> str:
-    """Print a sympy index expression as C++ (int64_t arithmetic)."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return f"{int(e)}L" if abs(int(e)) > 2**31 - 1 else str(int(e))
-    if e.is_Symbol:
-        return str(e)
-    if isinstance(e, FloorDiv):
-        if _nonnegative(e.args[0]):
-            return f"({cpp_index(e.args[0])} / {cpp_index(e.args[1])})"
+class _CppIndexPrinter(IndexPrinter):
+    floor_div = "/"
+    maximum = "std::max<int64_t>"
+    minimum = "std::min<int64_t>"
+
+    def integer(self, n: int) -> str:
+        return f"{n}L" if abs(n) > 2**31 - 1 else str(n)
+
+    def floordiv(self, num, den) -> str:
+        if _nonnegative(num):
+            return f"({self.print(num)} / {self.print(den)})"
         # C++ division truncates; index math is floor division (masked-off lanes of a
         # cat or pad can make the numerator negative)
-        return f"py_floordiv<int64_t>({cpp_index(e.args[0])}, {cpp_index(e.args[1])})"
-    if isinstance(e, IMod):
-        if _nonnegative(e.args[0]):
-            return f"({cpp_index(e.args[0])} % {cpp_index(e.args[1])})"
-        return f"py_mod<int64_t>({cpp_index(e.args[0])}, {cpp_index(e.args[1])})"
-    if e.is_Add:
-        terms = [cpp_index(a) for a in sympy.Add.make_args(e)]
-        return "(" + " + ".join(terms) + ")"
-    if e.is_Mul:
-        coeff, rest = e.as_coeff_Mul()
-        if coeff == -1:
-            return f"(-{cpp_index(rest)})"
-        return "(" + " * ".join(cpp_index(a) for a in e.args) + ")"
-    if isinstance(e, sympy.floor):
-        arg = e.args[0]
-        num, den = sympy.fraction(sympy.together(arg))
-        return f"({cpp_index(num)} / {cpp_index(den)})"
-    if isinstance(e, sympy.Max):
-        return f"std::max<int64_t>({cpp_index(e.args[0])}, {cpp_index(sympy.Max(*e.args[1:]))})"
-    if isinstance(e, sympy.Min):
-        return f"std::min<int64_t>({cpp_index(e.args[0])}, {cpp_index(sympy.Min(*e.args[1:]))})"
-    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([cpp_index(e.base)] * int(e.exp)) + ")"
-    raise NotImplementedError(f"index expression {e}")
+        return f"py_floordiv<int64_t>({self.print(num)}, {self.print(den)})"
+
+    def mod(self, num, den) -> str:
+        if _nonnegative(num):
+            return f"({self.print(num)} % {self.print(den)})"
+        return f"py_mod<int64_t>({self.print(num)}, {self.print(den)})"
+
+
+_CPP_INDEX = _CppIndexPrinter()
+
+
+def cpp_index(e) -> str:
+    """Print a sympy index expression as C++ (int64_t arithmetic)."""
+    return _CPP_INDEX.print(e)
 
 
 def _nonnegative(e) -> bool:
@@ -219,14 +211,6 @@ class CppKernel:
         e = sympy.sympify(e)
         self.symbols |= {s for s in e.free_symbols if not str(s).startswith(("x", "r", "tmp"))}
         return cpp_index(e)
-
-    def emit_value(self, v: V.Value, scope: Scope) -> str:
-        for node in V.walk(v):
-            if scope.lookup(node) is not None:
-                continue
-            if node.kind == "masked":
-                continue  # emitted by its parent-first pass below
-        return self._emit(v, scope)
 
     def _emit(self, v, scope: Scope) -> str:
         hit = scope.lookup(v)

@@ -4,7 +4,6 @@ An op missing here runs as an extern kernel (an aten call) and is reported on pe
 
 from __future__ import annotations
 
-import math
 
 import sympy
 import torch

@@ -66,10 +66,32 @@ def generate(g: GraphLowering, sched: Schedule, cpp_source: str, kernel_sigs: di
         lines.append(f"{name} = None  # set by the loader: a constant tensor of the graph")
     lines.append("")
     lines.append("def call(args):")
+
+    def kernel_call(step, resolve):
+        bufs, syms, _ = kernel_sigs[step.name]
+        argv = [f"{resolve(b)}.data_ptr()" for b in bufs] + [str(s) for s in syms]
+        return [f"{step.name}({', '.join(argv)})"]
+
+    body = call_body(g, sched, kernel_call, lambda step: _extern_call(g, step))
+    lines.extend("    " + l for l in body)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def empty_strided_line(name: str, layout) -> str:
+    return (f"{name} = empty_strided({tup(layout.sizes)}, {tup(layout.strides)}, dtype={layout.dtype}, "
+            f"device='{layout.device}')")
+
+
+def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bool = True) -> list[str]:
+    """The body of a wrapper's call(args), shared by the C++ and Triton wrappers: unpack the
+    arguments, bind the size symbols, check the inputs, then each step of the schedule with
+    its buffers allocated (or reused) before and freed after. kernel_call(step, resolve) and
+    step_call(extern) give a step's lines; run=False (Triton's precompile pass) frees
+    nothing and returns nothing."""
     body: list[str] = []
     tensor_inputs = [b for b in g.inputs if b is not None and b.const_name is None]
-    n_args = len(g.example_inputs)
-    names = [f"arg{i}" for i in range(n_args)]
+    names = [f"arg{i}" for i in range(len(g.example_inputs))]
     if names:
         body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
     for sym, (kind, i, d) in g.sym_bindings.items():
@@ -80,9 +102,9 @@ def generate(g: GraphLowering, sched: Schedule, cpp_source: str, kernel_sigs: di
         else:
             body.append(f"{sym} = arg{i}")
     for b in tensor_inputs:
-        l = b.layout
-        if len(l.sizes) >= 1:
-            body.append(f"{b.name} = expect_input({b.name}, {tup(l.sizes)}, {tup(l.strides)}, "
+        lay = b.layout
+        if len(lay.sizes) >= 1:
+            body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
                         f"{b.name in g.mutated_inputs})")
     reused = set(sched.reuse.values())
     live_name: dict = {}
@@ -98,23 +120,18 @@ def generate(g: GraphLowering, sched: Schedule, cpp_source: str, kernel_sigs: di
                 body.append(f"{n} = {sched.reuse[n]}; del {sched.reuse[n]}  # reuse")
                 live_name[sched.reuse[n]] = n
             else:
-                l = g.buffer_layouts[n]
-                body.append(f"{n} = empty_strided({tup(l.sizes)}, {tup(l.strides)}, dtype={l.dtype}, "
-                            f"device='{l.device}')")
+                body.append(empty_strided_line(n, g.buffer_layouts[n]))
         if isinstance(step, FusedKernel):
-            bufs, syms, _ = kernel_sigs[step.name]
-            argv = [f"{resolve(b)}.data_ptr()" for b in bufs] + [str(s) for s in syms]
-            body.append(f"{step.name}({', '.join(argv)})")
+            body.extend(kernel_call(step, resolve))
         else:
-            body.extend(_extern_call(g, step))
+            body.extend(step_call(step))
         for n in sched.frees.get(i, []):
-            if n not in reused:
+            if n not in reused and run:
                 body.append(f"del {n}")
-    outs = [_output_expr(g, o) for o in g.outputs]
-    body.append(f"return [{', '.join(outs)}]")
-    lines.extend("    " + l for l in body)
-    lines.append("")
-    return "\n".join(lines)
+    if run:
+        outs = [_output_expr(g, o) for o in g.outputs]
+        body.append(f"return [{', '.join(outs)}]")
+    return body
 
 
 def _tensor_expr(g: GraphLowering, tv: TensorValue) -> str:

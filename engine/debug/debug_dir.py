@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 import observe
 from observe.metrics import compiled_function

@@ -5,7 +5,6 @@ events (`graph_break`, `dynamo_cpp_guards_str`), not a second instrumentation pa
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import observe
 

@@ -135,10 +135,6 @@ def render(out: Any, color: Optional[bool] = None, width: Optional[int] = None) 
     return buf.getvalue()
 
 
-def render_plain(out: Any) -> str:
-    return render(out, color=False)
-
-
 def print_explain(out: Any, file=None) -> None:
     stream = file or sys.stdout
     from observe.tables import wants_color

@@ -15,16 +15,6 @@ from .guard import Guard, TensorMeta, global_state
 from .render import expression
 
 
-def _global_state_tuple():
-    return tuple(global_state().values())
-
-
-def _fast_global_state():
-    """The same values as global_state(), as a tuple, without building a dict."""
-    from .guard import global_state_tuple
-    return global_state_tuple()
-
-
 def _device_test(v: str, device: torch.device, k: str) -> str:
     # `t.device` builds a torch.device per call; these flags are a third of the cost
     if device.type == "cpu":

@@ -23,63 +23,46 @@ from .guard import Guard, TensorMeta
 from .render import render_guard, user_suffix
 
 
-def _split_last(source: str) -> Optional[tuple[str, str]]:
-    """`base[...]` / `base.attr` / `getattr(base, 'x')` -> (base, accessor); None at a root."""
-    s = source
-    if s.startswith("getattr(") and s.endswith(")"):
-        inner = s[len("getattr("):-1]
-        depth, quote = 0, None
-        for i in range(len(inner) - 1, -1, -1):
-            c = inner[i]
-            if quote:
-                if c == quote:
-                    quote = None
-                continue
-            if c in "'\"":
-                quote = c
-            elif c in ")]":
-                depth += 1
-            elif c in "([":
-                depth -= 1
-            elif c == "," and depth == 0:
-                return inner[:i].strip(), f"GetAttrGuardAccessor({inner[i + 1:].strip().strip(chr(39))})"
-        return None
-    if s.endswith("]"):
-        depth, quote = 0, None
-        for i in range(len(s) - 1, -1, -1):
-            c = s[i]
-            if quote:
-                if c == quote:
-                    quote = None
-                continue
-            if c in "'\"":
-                quote = c
-            elif c == "]":
-                depth += 1
-            elif c == "[":
-                depth -= 1
-                if depth == 0:
-                    base, key = s[:i], s[i + 1:-1]
-                    if base == "L":
-                        return "", f"FrameLocalsGuardAccessor(key={key})"
-                    if base == "G":
-                        return "G", f"DictGetItemGuardAccessor({key})"
-                    return base, f"GetItemGuardAccessor({key})"
-        return None
+def _unquoted_from_right(text: str, closes: str = ")]", opens: str = "(["):
+    """(index, char, depth) for each character of `text` outside quotes, right to left;
+    depth is how many brackets are open after reading it (a close opens one, read backwards)."""
     depth, quote = 0, None
-    for i in range(len(s) - 1, -1, -1):
-        c = s[i]
+    for i in range(len(text) - 1, -1, -1):
+        c = text[i]
         if quote:
             if c == quote:
                 quote = None
             continue
         if c in "'\"":
             quote = c
-        elif c in ")]":
+        elif c in closes:
             depth += 1
-        elif c in "([":
+        elif c in opens:
             depth -= 1
-        elif c == "." and depth == 0:
+        yield i, c, depth
+
+
+def _split_last(source: str) -> Optional[tuple[str, str]]:
+    """`base[...]` / `base.attr` / `getattr(base, 'x')` -> (base, accessor); None at a root."""
+    s = source
+    if s.startswith("getattr(") and s.endswith(")"):
+        inner = s[len("getattr("):-1]
+        for i, c, depth in _unquoted_from_right(inner):
+            if c == "," and depth == 0:
+                return inner[:i].strip(), f"GetAttrGuardAccessor({inner[i + 1:].strip().strip(chr(39))})"
+        return None
+    if s.endswith("]"):
+        for i, c, depth in _unquoted_from_right(s, closes="]", opens="["):
+            if c == "[" and depth == 0:
+                base, key = s[:i], s[i + 1:-1]
+                if base == "L":
+                    return "", f"FrameLocalsGuardAccessor(key={key})"
+                if base == "G":
+                    return "G", f"DictGetItemGuardAccessor({key})"
+                return base, f"GetItemGuardAccessor({key})"
+        return None
+    for i, c, depth in _unquoted_from_right(s):
+        if c == "." and depth == 0:
             return s[:i], f"GetAttrGuardAccessor({s[i + 1:]})"
     return None
 

@@ -100,25 +100,46 @@ def _placeholder(env: EngineShapeEnv, sym: sympy.Symbol):
     return proxy
 
 
-def _build(env, expr):
+_RELATIONS = {sympy.StrictGreaterThan: operator.gt, sympy.GreaterThan: operator.ge,
+              sympy.StrictLessThan: operator.lt, sympy.LessThan: operator.le,
+              sympy.Eq: operator.eq, sympy.Ne: operator.ne}
+
+
+def build_graph_expr(env, expr, numbers: bool = False):
+    """Graph arithmetic computing the sympy `expr`, each symbol read from its placeholder
+    (a backed size: a new graph input). Sizes need integer arithmetic only; numbers=True
+    (captured scalars) also rebuilds bools, floats, comparisons, negative powers, true
+    division and ToFloat. Raises NotImplementedError for anything else."""
+    if numbers and (expr is sympy.true or expr is sympy.false):
+        return bool(expr)
     if isinstance(expr, sympy.Integer):
         return int(expr)
+    if numbers and isinstance(expr, (sympy.Rational, sympy.Float)):
+        return float(expr)
     if isinstance(expr, sympy.Symbol):
         return _placeholder(env, expr)
     op = _SYMPY_OPS.get(type(expr))
     if op is not None:
-        args = [_build(env, a) for a in expr.args]
+        args = [build_graph_expr(env, a, numbers) for a in expr.args]
         acc = args[0]
         for a in args[1:]:
             acc = op(acc, a)
         return acc
+    rel = _RELATIONS.get(type(expr)) if numbers else None
+    if rel is not None:
+        return rel(build_graph_expr(env, expr.lhs, numbers), build_graph_expr(env, expr.rhs, numbers))
+    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and (numbers or expr.exp > 0):
+        e = int(expr.exp)
+        base = build_graph_expr(env, expr.base, numbers)
+        return base ** e if e > 0 else 1.0 / (base ** -e)
     name = type(expr).__name__
-    if name == "FloorDiv":
-        return _build(env, expr.args[0]) // _build(env, expr.args[1])
+    if numbers and name == "ToFloat":
+        return torch.sym_float(build_graph_expr(env, expr.args[0], numbers))
+    if name == "FloorDiv" or (numbers and name in ("IntTrueDiv", "FloatTrueDiv")):
+        f = operator.floordiv if name == "FloorDiv" else operator.truediv
+        return f(build_graph_expr(env, expr.args[0], numbers), build_graph_expr(env, expr.args[1], numbers))
     if name in ("PythonMod", "Mod"):
-        return _build(env, expr.args[0]) % _build(env, expr.args[1])
-    if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Integer) and expr.exp > 0:
-        return _build(env, expr.base) ** int(expr.exp)
+        return build_graph_expr(env, expr.args[0], numbers) % build_graph_expr(env, expr.args[1], numbers)
     raise NotImplementedError(name)
 
 
@@ -129,17 +150,23 @@ def to_proxy(value):
     if isinstance(value, torch.SymInt):
         env, expr = _canonical(value)
         try:
-            return _build(env, expr)
+            return build_graph_expr(env, expr)
         except NotImplementedError:
             return int(value)  # adds a guard pinning the value
     if isinstance(value, (torch.SymFloat, torch.SymBool)):
         return float(value) if isinstance(value, torch.SymFloat) else bool(value)
+    return map_items(to_proxy, value)
+
+
+def map_items(fn, value):
+    """`fn` over the items of a size, tuple, list or slice (giving a tuple, list or slice);
+    any other value as it is."""
     if isinstance(value, torch.Size) or type(value) is tuple:
-        return tuple(to_proxy(v) for v in value)
+        return tuple(fn(v) for v in value)
     if type(value) is list:
-        return [to_proxy(v) for v in value]
+        return [fn(v) for v in value]
     if isinstance(value, slice):
-        return slice(to_proxy(value.start), to_proxy(value.stop), to_proxy(value.step))
+        return slice(fn(value.start), fn(value.stop), fn(value.step))
     return value
 
 

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import types
-
-import torch
 
 import observe
 
 from engine import config
 
 from .. import values as V
-from ..ir import ExternKernel
 from ..scheduler import FusedKernel
-from ..wrapper import _extern_call, _output_expr, pyexpr, tup
+from ..wrapper import _extern_call, call_body, empty_strided_line, pyexpr
 from .kernel import Unsupported, module_prelude, render_kernel
 
 
@@ -41,15 +37,11 @@ def _check_devices(fk: FusedKernel, layouts: dict, interpret: bool):
 
 def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
     """Render, load and wrap; returns compile_fx's CompiledGraph."""
-    from ..compile_fx import CompiledGraph, _hint, _kernel_hints, _last, _post_fusion_text
+    from ..compile_fx import _hint, _kernel_hints, _post_fusion_text, finish, load_wrapper, output_buffers
 
     interpret = not any(lay.device.type == "cuda" for lay in g.buffer_layouts.values())
     autotune = getattr(config, "triton_autotune", False) or getattr(config, "max_autotune", False)
-    needed = set()
-    for o in g.outputs:
-        view = g.as_strided(o) if hasattr(o, "loader") else None
-        if view is not None:
-            needed.add(view[0])
+    needed = output_buffers(g)
     reads_by_step = [step.reads() for step in sched.steps]
     with observe.stage("codegen"):
         kernels = {}
@@ -66,13 +58,7 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
                 _triton_hints(ks, _hint)
         kernel_src = module_prelude(interpret) + "\n\n".join(k.source for k in kernels.values())
         wrapper_src = generate(g, sched, kernel_src, kernels, key, interpret, autotune)
-    observe.emit("inductor_output_code", {"filename": f"output_code_{key}.py"}, lambda: wrapper_src,
-                 log="output_code")
-    module = types.ModuleType(f"engine_codegen_graph_{key}")
-    module.__file__ = f"<engine codegen graph {key}>"
-    exec(compile(wrapper_src, module.__file__, "exec"), module.__dict__)   # loads the kernels
-    for name, value in g.constants.items():
-        setattr(module, name, value)
+    module = load_wrapper(wrapper_src, key, g)   # loads the kernels
     artifacts = {
         "fx_graph_transformed.py": gm.print_readable(print_output=False),
         "ir_pre_fusion.txt": ir_pre + "\n",
@@ -80,13 +66,8 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
         "output_code.py": wrapper_src,
         "triton_kernels.py": kernel_src,
     }
-    V.reset()
-    n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
-    compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, len(kernels), n_externs, artifacts=artifacts)
-    compiled.extern_ops = list(g.extern_ops)
-    compiled.fallback_ops = list(g.fallback_ops)
+    compiled = finish(gm, g, sched, module, out_spec, wrapper_src, len(kernels), artifacts)
     compiled.triton_kernels = kernels
-    _last[0] = compiled
     return compiled
 
 
@@ -144,102 +125,37 @@ def generate(g, sched, kernel_src: str, kernels: dict, graph_key: str, interpret
 
 
 def _body(g, sched, kernels, precompile: bool) -> list:
-    body: list[str] = []
-    tensor_inputs = [b for b in g.inputs if b is not None and b.const_name is None]
-    names = [f"arg{i}" for i in range(len(g.example_inputs))]
-    if names:
-        body.append(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
-    for sym, (kind, i, d) in g.sym_bindings.items():
-        if kind == "size":
-            body.append(f"{sym} = arg{i}.size({d})")
-        elif kind == "stride":
-            body.append(f"{sym} = arg{i}.stride({d})")
-        else:
-            body.append(f"{sym} = arg{i}")
-    for b in tensor_inputs:
-        lay = b.layout
-        if len(lay.sizes) >= 1:
-            body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
-                        f"{b.name in g.mutated_inputs})")
-    reused = set(sched.reuse.values())
-    live_name: dict = {}
+    def kernel_call(step, resolve):
+        ks = kernels[step.name]
+        argv = [resolve(b) for b in ks.buffers] + [str(s) for s in ks.symbols]
+        argv.append(f"xnumel={pyexpr(ks.xnumel)}")
+        if ks.kind == "reduction":
+            argv.append(f"rnumel={pyexpr(ks.rnumel)}")
+        if precompile:
+            return [f"_jobs.append({step.name}.precompile({', '.join(argv)}))"]
+        return [f"{step.name}({', '.join(argv)})"]
 
-    def resolve(b):
-        while b in live_name:
-            b = live_name[b]
-        return b
+    def step_call(step):
+        if precompile:     # the extern's outputs, unfilled: kernels only need their types and sizes
+            return [empty_strided_line(o.name, o.layout) for o in step.outputs]
+        return _extern_call(g, step)
 
-    for i, step in enumerate(sched.steps):
-        for n in sched.allocations.get(i, []):
-            if n in sched.reuse:
-                body.append(f"{n} = {sched.reuse[n]}; del {sched.reuse[n]}  # reuse")
-                live_name[sched.reuse[n]] = n
-            else:
-                lay = g.buffer_layouts[n]
-                body.append(f"{n} = empty_strided({tup(lay.sizes)}, {tup(lay.strides)}, dtype={lay.dtype}, "
-                            f"device='{lay.device}')")
-        if isinstance(step, FusedKernel):
-            ks = kernels[step.name]
-            argv = [resolve(b) for b in ks.buffers] + [str(s) for s in ks.symbols]
-            argv.append(f"xnumel={pyexpr(ks.xnumel)}")
-            if ks.kind == "reduction":
-                argv.append(f"rnumel={pyexpr(ks.rnumel)}")
-            if precompile:
-                body.append(f"_jobs.append({step.name}.precompile({', '.join(argv)}))")
-            else:
-                body.append(f"{step.name}({', '.join(argv)})")
-        elif precompile:     # the extern's outputs, unfilled: kernels only need their types and sizes
-            for o in step.outputs:
-                lay = o.layout
-                body.append(f"{o.name} = empty_strided({tup(lay.sizes)}, {tup(lay.strides)}, dtype={lay.dtype}, "
-                            f"device='{lay.device}')")
-        else:
-            body.extend(_extern_call(g, step))
-        for n in sched.frees.get(i, []):
-            if n not in reused and not precompile:
-                body.append(f"del {n}")
-    if not precompile:
-        outs = [_output_expr(g, o) for o in g.outputs]
-        body.append(f"return [{', '.join(outs)}]")
-    return body
+    return call_body(g, sched, kernel_call, step_call, run=not precompile)
 
 
 def compile_fx_triton(gm, example_inputs):
     """compile_fx_graph's pipeline with the Triton emitter whatever the device (CPU tensors
     run under the Triton interpreter): what the tests and `wanted` graphs use."""
     import logging
-    import traceback
 
     from torch.utils import _pytree as pytree
 
-    from ..compile_fx import CompiledGraph, _hint, graph_key
-    from ..graph import GraphLowering
-    from ..ir import format_node
-    from ..scheduler import schedule
+    from ..compile_fx import lower_and_schedule, uncompiled
 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     _, out_spec = pytree.tree_flatten(out_node.args[0])
     try:
-        key = graph_key(gm, example_inputs)
-        with observe.stage("lowering"):
-            g = GraphLowering(gm, example_inputs).run()
-        ir_pre = "\n\n".join(format_node(n) for n in g.nodes)
-        for op in g.fallback_ops:
-            _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
-        output_buffers = set()
-        for o in g.outputs:
-            view = g.as_strided(o) if hasattr(o, "loader") else None
-            if view is not None:
-                output_buffers.add(view[0])
-        graph_inputs = {b.name for b in g.inputs if b is not None}
-        sched = schedule(g.nodes, output_buffers, graph_inputs)
-        observe.emit("artifact", {"name": "schedule", "encoding": "string"},
-                     lambda: "\n".join(sched.log), log="schedule")
+        key, g, sched, ir_pre = lower_and_schedule(gm, example_inputs)
         return compile_triton(gm, g, sched, out_spec, key, ir_pre)
     except Exception as exc:   # never a wrong result: run the aten graph as it is
-        reason = f"{type(exc).__name__}: {exc}"
-        observe.log("inductor", logging.INFO, "triton codegen could not compile this graph, running its aten ops: %s",
-                    reason)
-        observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
-        _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
-        return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
+        return uncompiled(gm, out_spec, exc, "triton codegen", logging.INFO)

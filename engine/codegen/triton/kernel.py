@@ -24,7 +24,8 @@ import sympy
 import torch
 
 from .. import values as V
-from ..index import FloorDiv, IMod, index_var, numel, unflatten
+from ..index import IMod, index_var, numel, unflatten
+from ..index_printer import IndexPrinter
 from ..scheduler import FusedKernel
 
 TL_TYPES = {
@@ -80,34 +81,18 @@ class Unsupported(Exception):
     """This kernel cannot be emitted as Triton (the graph then runs its aten ops)."""
 
 
+class _TritonIndexPrinter(IndexPrinter):
+    maximum = "tl.maximum"
+    minimum = "tl.minimum"
+    error = Unsupported
+
+
+_TL_INDEX = _TritonIndexPrinter()
+
+
 def tl_index(e) -> str:
     """A sympy index expression as Triton/Python integer arithmetic (operands are >= 0)."""
-    e = sympy.sympify(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return str(e)
-    if isinstance(e, FloorDiv):
-        return f"({tl_index(e.args[0])} // {tl_index(e.args[1])})"
-    if isinstance(e, IMod):
-        return f"({tl_index(e.args[0])} % {tl_index(e.args[1])})"
-    if e.is_Add:
-        return "(" + " + ".join(tl_index(a) for a in sympy.Add.make_args(e)) + ")"
-    if e.is_Mul:
-        coeff, rest = e.as_coeff_Mul()
-        if coeff == -1:
-            return f"(-{tl_index(rest)})"
-        return "(" + " * ".join(tl_index(a) for a in e.args) + ")"
-    if isinstance(e, sympy.floor):
-        num, den = sympy.fraction(sympy.together(e.args[0]))
-        return f"({tl_index(num)} // {tl_index(den)})"
-    if isinstance(e, sympy.Max):
-        return f"tl.maximum({tl_index(e.args[0])}, {tl_index(sympy.Max(*e.args[1:]))})"
-    if isinstance(e, sympy.Min):
-        return f"tl.minimum({tl_index(e.args[0])}, {tl_index(sympy.Min(*e.args[1:]))})"
-    if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([tl_index(e.base)] * int(e.exp)) + ")"
-    raise Unsupported(f"index expression {e}")
+    return _TL_INDEX.print(e)
 
 
 def tl_const(value, dtype) -> str:
