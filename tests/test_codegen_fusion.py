@@ -58,6 +58,33 @@ def test_softmax_row_reductions_fuse_with_their_epilogue():
     assert "(reduction)" in post and post.count("phase") >= 3
 
 
+def test_softmax_computes_exp_once_per_element():
+    # the sum phase writes exp(x - max) to the output; the last phase reads it back
+    with Capture(logs=["kernel_code"]) as cap:
+        check(lambda x: torch.softmax(x, -1), X)
+    [kernel] = cap.texts(log="kernel_code")
+    assert kernel.count("std::exp(") == 1, kernel
+
+
+def test_exp_is_not_carried_through_a_buffer_the_kernel_reads():
+    # log_softmax's output is read by nothing else, but here the output is also an input
+    # of the same kernel's later phase (x * softmax(x) summed): results must stay eager's
+    c = check(lambda x: (torch.softmax(x, -1) * x).sum(-1, keepdim=True) + torch.softmax(x, -1), X, rtol=1e-4)
+    assert c.n_kernels >= 1
+
+
+def test_a_value_an_extern_kernel_needs_is_stored_once_for_every_user():
+    # the cat feeds a matmul, that matmul's transpose and a sum: one buffer, not three
+    # recomputations of the cat with masked loads
+    def f(a, b, w):
+        c = torch.cat([a, b], 1)
+        return c @ w, c.t() @ a, c.sum(0)
+    with Capture(logs=["kernel_code"]) as cap:
+        check(f, X, X * 2, torch.randn(64, 8), rtol=1e-4, atol=1e-4)
+    masked = [k for k in cap.texts(log="kernel_code") if "if (" in k]
+    assert len(masked) == 1, masked
+
+
 def test_refused_fusion_says_why():
     # a reduction over dim 0 and a row-wise consumer do not share a loop structure
     with Capture(logs=["fusion"]) as cap:
@@ -118,3 +145,28 @@ def test_attention_kernels_with_different_loop_nests_keep_their_own_index_math()
         return F.linear((att @ v).transpose(1, 2).reshape(b, t, d), w2, b2)
     check(attention, torch.randn(b, t, d), torch.randn(3 * d, d), torch.randn(3 * d), torch.randn(d, d),
           torch.randn(d), rtol=1e-4, atol=1e-4)
+
+
+def test_cat_of_reshaped_transposes_loads_each_part_only_inside_its_range():
+    # like the qkv gradient of attention: three (b, h, t, d) views made (b*t, h*d) and
+    # concatenated; a middle part's loads are masked on both sides (no negative addresses)
+    def f(q, k, v):
+        return torch.cat([z.transpose(1, 2).reshape(2 * 8, 4 * 16) for z in (q, k, v)], 1) * 2
+    with Capture(logs=["kernel_code"]) as cap:
+        check(f, *[torch.randn(2, 4, 8, 16) for _ in range(3)])
+    [kernel] = cap.texts(log="kernel_code")
+    assert ">= tmp" in kernel and "&&" in kernel, kernel
+
+
+def test_softmax_in_place_over_a_matmul_result_still_computes_exp_once():
+    w = torch.randn(32, 16)
+    with Capture(logs=["kernel_code", "schedule"]) as cap:
+        check(lambda x, w: torch.softmax(x @ w, -1), X, w, rtol=1e-4, atol=1e-5)
+    assert "computed in place in extern0's memory" in "\n".join(cap.texts(log="schedule"))
+    [kernel] = cap.texts(log="kernel_code")
+    assert kernel.count("std::exp(") == 1, kernel
+    # the output phase also reads the scores themselves: they must not be overwritten early
+    with Capture(logs=["kernel_code"]) as cap:
+        check(lambda x, w: torch.softmax(x @ w, -1) * (x @ w), X, w, rtol=1e-4, atol=1e-5)
+    [kernel] = cap.texts(log="kernel_code")
+    assert kernel.count("std::exp(") == 2, kernel

@@ -64,6 +64,10 @@ def _inlinable_torch(fn) -> bool:
 
 
 def call_python_function(tx, fn, args, kwargs, source):
+    # engine.comptime: run the user's trace-time code with this interpreter; nothing is traced
+    comptime_handler = getattr(fn, "__engine_comptime__", None)
+    if comptime_handler is not None:
+        return comptime_handler(tx, args, kwargs)
     if numpy_ops.has_numpy(args, kwargs) and numpy_ops.numpy_callable_name(fn) is not None:
         return numpy_ops.call_numpy_function(tx, fn, args, kwargs)  # np.mean(arr) & co: torch._numpy
     api = _markers()

@@ -43,7 +43,10 @@ class CacheEntry:
 class FrameCache:
     def __init__(self, code):
         self.code = code
-        self.entries: list[CacheEntry] = []
+        self.entries: list[CacheEntry] = []     # in compile order (recompile reasons, explain, limits)
+        # what a call tries, per options key: most recently hit (or added) first, as PyTorch's
+        # cache moves a hit entry to the front; a newer entry is usually the more general one
+        self.lookup: dict[int, list[CacheEntry]] = {}
         self.skip = False          # run eagerly forever (the frame cannot be captured)
         self.frame_id: Optional[int] = None
         self.compiles = 0
@@ -53,12 +56,23 @@ class FrameCache:
 
 _CACHES: dict = {}
 _FRAME_IDS: dict = {}
-_state = threading.local()
+_COMPILABLE: dict = {}   # code -> (should_compile's answer from the code alone, the same with force)
+
+
+_FunctionType = types.FunctionType
+
+
+class _State(threading.local):
+    disabled = 0         # a class default: reading it needs no getattr fallback on the hit path
+
+
+_state = _State()
 
 
 def reset() -> None:
     _CACHES.clear()
     _FRAME_IDS.clear()
+    _COMPILABLE.clear()
 
 
 def cache_for(code) -> FrameCache:
@@ -153,7 +167,19 @@ def should_compile(fn, force: bool = False) -> bool:
         return False
     if getattr(fn, "_engine_disabled", False):
         return False
-    code = fn.__code__
+    return _code_compilable(fn.__code__)[force]
+
+
+def _code_compilable(code) -> tuple:
+    """should_compile's answer from the code object alone, (without force, with force):
+    computed once per code, as it costs more than the rest of a cache hit."""
+    ok = _COMPILABLE.get(code)
+    if ok is None:
+        ok = _COMPILABLE[code] = (_compilable(code, False), _compilable(code, True))
+    return ok
+
+
+def _compilable(code, force: bool) -> bool:
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     if not all(name.isidentifier() for name in code.co_varnames[:n]):
@@ -175,7 +201,7 @@ def should_compile(fn, force: bool = False) -> bool:
 
 
 def _disabled_depth() -> int:
-    return getattr(_state, "disabled", 0)
+    return _state.disabled
 
 
 class disabled_region:
@@ -191,22 +217,33 @@ class disabled_region:
 def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False):
     """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
     `optimizer_step`), as PEP 523 would see its frame."""
-    if _disabled_depth() or not should_compile(fn, force):
+    # the hit path: every test below is a few attribute reads (should_compile is cached per code)
+    if _state.disabled or type(fn) is not _FunctionType or getattr(fn, "_engine_disabled", False):
         return fn(*args, **kwargs)
     code = fn.__code__
+    ok = _COMPILABLE.get(code) or _code_compilable(code)
+    if not ok[force]:
+        return fn(*args, **kwargs)
     only = config.debug_function
     if only and code.co_name != only and not code.co_name.startswith(f"engine_resume_in_{only}_at_"):
         return fn(*args, **kwargs)  # TORCHDYNAMO_DEBUG_FUNCTION: compile only this function
-    cache = cache_for(code)
+    cache = _CACHES.get(code) or cache_for(code)
     if cache.skip:
         return fn(*args, **kwargs)
     L = bind_frame(cache, fn, args, kwargs)
     G = fn.__globals__
-    key = options.key
-    for entry in cache.entries:
-        if entry.options_key == key and entry.guards.check(L, G):
+    entries = cache.lookup.get(options.key)
+    if entries:
+        entry = entries[0]
+        if entry.guards.check(L, G):
             return entry.fn(L, G, fn)
+        for i in range(1, len(entries)):
+            entry = entries[i]
+            if entry.guards.check(L, G):
+                entries.insert(0, entries.pop(i))  # most recently used first
+                return entry.fn(L, G, fn)
     # miss: compile with the real values
+    key = options.key
     mine = [e for e in cache.entries if e.options_key == key]
     if len(mine) >= config.cache_size_limit or len(cache.entries) >= config.accumulated_cache_size_limit:
         if not cache.limit_warned:
@@ -222,6 +259,7 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
         cache.skip = True
         return fn(*args, **kwargs)
     cache.entries.append(entry)
+    cache.lookup.setdefault(key, []).insert(0, entry)
     return entry.fn(L, G, fn)
 
 

@@ -433,6 +433,7 @@ class CppKernel:
         ind = "  " * (outer_n + 1)
         top = Scope(None, ind)
         pointwise_only = all(ph.inner == () and not ph.reduction for ph in fk.phases)
+        self._plan_carry()
         for ph in fk.phases:
             if ph.inner == () and not ph.reduction:
                 for m in ph.members:
@@ -461,6 +462,56 @@ class CppKernel:
         for k in reversed(range(outer_n)):
             lines.append("  " * (k + 1) + "}")
         return lines
+
+    def _plan_carry(self):
+        """Softmax's exp(x - max) is computed in the sum phase and again in the phase that
+        writes the output. When a later phase's stored member contains such a costly value
+        that an earlier reduction phase over the same inner loop also computes, the earlier
+        phase writes it to that member's own output element and the later phase reads it back
+        (the same bits: same dtype, no rounding) before overwriting the element. Only for a
+        fresh output buffer that nothing in the kernel reads."""
+        self.carry_store: dict = {}    # id(phase) -> [(value, member)]
+        self.carry_load: dict = {}     # id(phase) -> [(value, member)]
+        self.carried: set = set()      # (id(value), member name) stored by an earlier phase
+        fk = self.fk
+        read = {ld.name for m in fk.members for ld in V.loads(m.value)}
+        for b, ph in enumerate(fk.phases):
+            if not ph.inner:
+                continue
+            for m in ph.members:
+                dt = m.buf.layout.dtype
+                if (m.buf.is_reduction or m.name not in fk.stored or m.name in read
+                        or dt not in (torch.float32, torch.float64)):
+                    continue
+                for a in range(b):
+                    pa = fk.phases[a]
+                    if not pa.reduction or tuple(pa.inner) != tuple(ph.inner) or \
+                            list(map(str, pa.inner_vars)) != list(map(str, ph.inner_vars)):
+                        continue
+                    there = set()
+                    for ma in pa.members:
+                        there |= _unmasked_ids(ma.value)
+                    e = _largest_shared(m.value, there, dt)
+                    if e is not None and m.name in fk.storage and not self._carry_in_place_ok(m, e, a, b):
+                        e = None
+                    if e is not None:
+                        self.carry_store.setdefault(id(pa), []).append((e, m))
+                        self.carry_load.setdefault(id(ph), []).append((e, m))
+                        break
+
+    def _carry_in_place_ok(self, m, e, a: int, b: int) -> bool:
+        """m is computed in place over a buffer the kernel reads (a matmul's scores): once
+        phase a has written e there, nothing up to phase b may read the old values, except
+        through e itself."""
+        fk = self.fk
+        target = fk.storage[m.name]
+        group = {target} | {n for n, t in fk.storage.items() if t == target}
+        for p in fk.phases[a + 1:b + 1]:
+            for other in p.members:
+                stop = e if other is m else None
+                if any(x.kind in ("load", "iload") and x.name in group for x in _walk_until(other.value, stop)):
+                    return False
+        return True
 
     def _phase(self, ph, top: Scope):
         ind = top.indent
@@ -511,6 +562,12 @@ class CppKernel:
             top.lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.index(size)}; {var}++) {{")
         scope = Scope(top, ind + "  " * n)
         saved = dict(self.locals)
+        for e, m in getattr(self, "carry_load", {}).get(id(ph), []):
+            if (id(e), m.name) in self.carried and scope.lookup(e) is None:
+                name = self.tmp()
+                T = CTYPES[m.buf.layout.dtype]
+                scope.lines.append(f"{scope.indent}{T} {name} = {self.param(m.name, write=True)}[{self.index(m.store_index)}];")
+                scope.cache[id(e)] = name
         for m in ph.members:
             val = self._emit(m.value, scope)
             if m.buf.is_reduction:
@@ -539,6 +596,11 @@ class CppKernel:
                 if m.name in self.fk.stored:
                     self.store(m, val, scope)
                 self.locals[(m.name, str(m.store_index))] = val
+        for e, m in getattr(self, "carry_store", {}).get(id(ph), []):
+            name = scope.cache.get(id(e))    # computed at the loop's own level (not under a mask)
+            if name is not None:
+                self.store(m, name, scope)
+                self.carried.add((id(e), m.name))
         top.lines.extend(scope.lines)
         for k in reversed(range(n)):
             top.lines.append(ind + "  " * k + "}")
@@ -553,6 +615,54 @@ class CppKernel:
             if m.name in self.fk.stored:
                 self.store(m, result, top)
             self.locals[(m.name, str(m.store_index))] = result
+
+
+def _unmasked_ids(v, out=None) -> set:
+    """ids of the values an expression computes outside any masked branch."""
+    out = set() if out is None else out
+    if id(v) in out:
+        return out
+    out.add(id(v))
+    if v.kind != "masked":
+        for a in v.args:
+            _unmasked_ids(a, out)
+    else:
+        _unmasked_ids(v.args[0], out)
+    return out
+
+
+def _walk_until(v, stop):
+    """Every value reachable from v without entering `stop`."""
+    out, todo, seen = [], [v], set()
+    while todo:
+        x = todo.pop()
+        if x is stop or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        todo.extend(x.args)
+    return out
+
+
+def _largest_shared(v, there: set, dtype):
+    """The first (outermost) sub-value of v, outside masked branches, that `there` computes
+    too and that is worth carrying (it contains a transcendental op)."""
+    todo, seen = [v], set()
+    while todo:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if id(x) in there and x.dtype == dtype and x.kind == "op" and any(
+                n.kind == "op" and n.name in _COSTLY for n in V.walk(x)):
+            return x
+        if x.kind != "masked":
+            todo.extend(x.args)
+    return None
+
+
+_COSTLY = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "tanh", "sigmoid", "sin",
+           "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh"}
 
 
 def _strides(sizes):

@@ -155,9 +155,28 @@ class GraphLowering:
         if result is NotImplemented:
             return self.extern(target, args, kwargs, fake, fallback=True)
         if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1 \
-                and not self._cheap_to_recompute(result):
+                and (not self._cheap_to_recompute(result) or self._feeds_extern(node)):
             result = self.realize(result)
         return result
+
+    def _feeds_extern(self, node) -> bool:
+        """An extern kernel (matmul, ...) among the users, directly or through views: it
+        needs the value in memory anyway, so the other users read that buffer instead of
+        recomputing it (a cat feeding a weight-gradient mm and its transpose was computed
+        three times, once per user, with masked strided loads)."""
+        seen, todo = set(), list(node.users)
+        while todo:
+            u = todo.pop()
+            if u in seen or u.op != "call_function":
+                continue
+            seen.add(u)
+            t = u.target
+            if isinstance(t, torch._ops.OpOverload):
+                if t.overloadpacket in _VIEW_OPS:
+                    todo.extend(u.users)
+                elif t in _BY_DESIGN or t.overloadpacket in _BY_DESIGN:
+                    return True
+        return False
 
     def _cheap_to_recompute(self, tv: TensorValue) -> bool:
         """A small pointwise expression used several times is recomputed by each user (and
@@ -314,6 +333,11 @@ _TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf
 
 _BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,
               torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu}
+
+# ops that only re-index their input (looked through by _feeds_extern)
+_VIEW_OPS = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.reshape, torch.ops.aten.permute,
+             torch.ops.aten.t, torch.ops.aten.transpose, torch.ops.aten.expand, torch.ops.aten.unsqueeze,
+             torch.ops.aten.squeeze, torch.ops.aten.alias}
 
 _SYM_OPS = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
             operator.floordiv: lambda a, b: sympy.floor(a / b), operator.neg: operator.neg}

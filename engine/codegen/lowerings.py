@@ -4,13 +4,14 @@ An op missing here runs as an extern kernel (an aten call) and is reported on pe
 
 from __future__ import annotations
 
+import itertools
 
 import sympy
 import torch
 
 from . import values as V
 from .graph import GraphLowering, Unsupported, fake_of, to_sympy
-from .index import flatten, floordiv, mod, unflatten
+from .index import flatten, floordiv, index_var, mod, unflatten
 from .ir import ComputedBuffer, Reduction, TensorValue
 
 aten = torch.ops.aten
@@ -441,6 +442,9 @@ def as_strided(g, a, size, stride, storage_offset=None):
                        lambda idx: V.load(buf, sympy.expand(off + sum((i * s for i, s in zip(idx, strides)), 0)), cdt))
 
 
+_cat_vars = itertools.count()
+
+
 @register(aten.cat.default)
 def cat(g, tensors, dim=0):
     sizes, dtype, device = out_meta(g)
@@ -458,8 +462,16 @@ def cat(g, tensors, dim=0):
         result = None
         for k, (t, off) in enumerate(reversed(list(zip(parts, offsets)))):
             sub = list(idx)
-            sub[dim] = idx[dim] - off
-            body = V.cast(t.loader(sub), cdt)
+            if len(parts) > 1:
+                # the part's loads run only where idx[dim] - off is in [0, its size): index
+                # it with a variable of that range so the view's floor divisions and modulos
+                # simplify as they would for the part alone, then put idx[dim] - off back
+                local = index_var(f"xcat{next(_cat_vars)}", t.sizes[dim])
+                sub[dim] = local
+                body = V.subs(V.cast(t.loader(sub), cdt), {local: idx[dim] - off})
+            else:
+                sub[dim] = idx[dim] - off
+                body = V.cast(t.loader(sub), cdt)
             if result is None:
                 if len(parts) == 1:
                     return body
@@ -467,6 +479,10 @@ def cat(g, tensors, dim=0):
                 result = V.masked(mask, body, 0)
                 continue
             mask = V.op("lt", V.index_value(idx[dim]), V.index_value(off + t.sizes[dim]), dtype=torch.bool)
+            if off != 0:
+                # a middle part: below its offset its (then negative) addresses must not be read
+                mask = V.op("logical_and", V.op("ge", V.index_value(idx[dim]), V.index_value(off),
+                                                 dtype=torch.bool), mask, dtype=torch.bool)
             result = V.op("where", mask, V.masked(mask, body, 0), result, dtype=cdt)
         return result
     if len(parts) > 8:

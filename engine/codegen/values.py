@@ -122,6 +122,23 @@ def masked(mask: Value, body: Value, other) -> Value:
     return _make("masked", None, (mask, body), body.dtype, other)
 
 
+def subs(v: Value, mapping: dict, memo=None) -> Value:
+    """v with index symbols replaced (mapping: symbol -> sympy expression) in every index."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(v))
+    if hit is not None:
+        return hit
+    args = tuple(subs(a, mapping, memo) for a in v.args)
+    extra = v.extra
+    if v.kind in ("load", "index"):
+        extra = extra.subs(mapping) if hasattr(extra, "subs") else extra
+    elif v.kind == "iload":
+        extra = (extra[0].subs(mapping), extra[1])
+    out = _make(v.kind, v.name, args, v.dtype, extra)
+    memo[id(v)] = out
+    return out
+
+
 def walk(v: Value, seen=None):
     """Every value reachable from v, each once, children first."""
     seen = set() if seen is None else seen

@@ -6,7 +6,7 @@ Prints, per model: runtime (best and median of interleaved rounds, ms), speedup 
 torch.compile, and cold and warm compile times (warm: the same graphs compiled again in a
 fresh compiler state, kernels from the on-disk caches).
 
-    .venv/bin/python tests/bench/bench_cpu_inductor.py [--quick]
+    .venv/bin/python tests/bench/bench_cpu_inductor.py [--quick] [--only softmax,train]
 """
 
 import os
@@ -26,6 +26,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 QUICK = "--quick" in sys.argv
+# --only SUBSTR[,SUBSTR...]: run only the models whose name contains one of them
+ONLY = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
 
 
 class PointwiseChain(nn.Module):
@@ -155,6 +157,8 @@ def main():
     rows = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu: {ours_cache.cpu_id()}")
     for name, model, args, train in models():
+        if ONLY and not any(o in name for o in ONLY):
+            continue
         # cold compiles: empty caches for both
         torch._dynamo.reset()
         tc = torch.compile(model)
