@@ -166,7 +166,11 @@ def test_softmax_in_place_over_a_matmul_result_still_computes_exp_once():
     [kernel] = cap.texts(log="kernel_code")
     assert kernel.count("std::exp(") == 1, kernel
     # the output phase also reads the scores themselves: they must not be overwritten early
-    with Capture(logs=["kernel_code"]) as cap:
-        check(lambda x, w: torch.softmax(x @ w, -1) * (x @ w), X, w, rtol=1e-4, atol=1e-5)
+    def f(x, w):
+        s = x @ w
+        return torch.softmax(s, -1) * s
+    with Capture(logs=["kernel_code", "schedule"]) as cap:
+        check(f, X, w, rtol=1e-4, atol=1e-5)
+    assert "computed in place in extern0's memory" in "\n".join(cap.texts(log="schedule"))
     [kernel] = cap.texts(log="kernel_code")
     assert kernel.count("std::exp(") == 2, kernel
