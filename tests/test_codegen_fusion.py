@@ -174,3 +174,13 @@ def test_softmax_in_place_over_a_matmul_result_still_computes_exp_once():
     assert "computed in place in extern0's memory" in "\n".join(cap.texts(log="schedule"))
     [kernel] = cap.texts(log="kernel_code")
     assert kernel.count("std::exp(") == 2, kernel
+
+
+def test_a_transposed_sibling_is_not_fused_into_a_column_sum():
+    # the column sum walks the 32 outputs contiguously; the transposed copy is stored
+    # contiguously along the summed dim: in one loop nest one of them would be strided
+    a = torch.randn(64, 32)
+    with Capture(logs=["fusion"]) as cap:
+        c = check(lambda a: (a.sum(0), (a.t() * 2).contiguous()), a, rtol=1e-4)
+    assert c.n_kernels == 2
+    assert any("loop order" in f for f in cap.texts(log="fusion")), cap.texts(log="fusion")

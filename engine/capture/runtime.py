@@ -240,7 +240,9 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
         for i in range(1, len(entries)):
             entry = entries[i]
             if entry.guards.check(L, G):
-                entries.insert(0, entries.pop(i))  # most recently used first
+                # most recently used first; a new list, so that a call iterating the old one
+                # in another thread never sees it shrink
+                cache.lookup[options.key] = [entry] + entries[:i] + entries[i + 1:]
                 return entry.fn(L, G, fn)
     # miss: compile with the real values
     key = options.key
@@ -259,7 +261,7 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
         cache.skip = True
         return fn(*args, **kwargs)
     cache.entries.append(entry)
-    cache.lookup.setdefault(key, []).insert(0, entry)
+    cache.lookup[key] = [entry] + cache.lookup.get(key, [])
     return entry.fn(L, G, fn)
 
 

@@ -150,7 +150,9 @@ class KernelBuilder:
                 continue
             ok, why = self.check(self.members + [m])
             if ok:
-                return m, "fused"
+                why = self.order_conflict(self.members + [m])
+                if why is None:
+                    return m, "fused"
             return None, why
         return None, (f"loop ranges differ: node {buf.name} ranges "
                       f"{list(buf.data.ranges)}{' x ' + str(list(buf.data.reduction_ranges)) if buf.is_reduction else ''}"
@@ -171,6 +173,30 @@ class KernelBuilder:
                     return False, (f"{m.name} reads {ld.name} at {ld.extra}, not at the element "
                                    f"being computed ({producer.store_index})")
         return True, ""
+
+    def order_conflict(self, members) -> Optional[str]:
+        """A sum over rows (loads contiguous along the one outer dim, strided along the
+        reduction) is emitted with the outputs innermost (cpp.py's column reduction); a
+        pointwise member in its loop that stores along the reduction var contiguously would
+        then be written with a large stride (a layer norm backward's input gradient fused
+        with its weight gradient): such a member gets its own kernel instead."""
+        if len(self.outer) != 1:
+            return None
+        x0 = self.outer_vars[0]
+        for inner in {m.inner for m in members if m.buf.is_reduction and m.inner}:
+            rl = self.inner_vars(inner)[-1]
+            column = any(e.coeff(x0) == 1 and e.coeff(rl) not in (0, 1)
+                         for m in members if m.buf.is_reduction and m.inner == inner
+                         for e in (sympy.expand(ld.extra) for ld in V.loads(m.value) if ld.kind == "load"))
+            if not column:
+                continue
+            for m in members:
+                if not m.buf.is_reduction and m.inner == inner:
+                    e = sympy.expand(m.store_index)
+                    if e.coeff(rl) == 1 and e.coeff(x0) not in (0, 1):
+                        return (f"loop order: the reduction walks {x0} contiguously but {m.name} is stored "
+                                f"contiguously along {rl}")
+        return None
 
     def resplit(self, outer: tuple) -> Optional["KernelBuilder"]:
         """The same members under a shorter outer loop (the rest becomes an inner loop), so
