@@ -3,7 +3,7 @@ user function, and the `compilation_metrics` records the compiler emits.
 
 It listens only to compile-time events (`stage_end`, `dynamo_start`,
 `compilation_metrics`, graph breaks), so a call that hits the cache costs it nothing.
-`compile_times()` reads like PyTorch's `torch._dynamo.utils.compile_times()`:
+`compile_times()` reads like PyTorch's compile_times():
 
     TorchDynamo compilation metrics:
     Function              Runtimes (s)

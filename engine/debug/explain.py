@@ -68,7 +68,7 @@ def explain(fn, *extra_args, **extra_kwargs):
                                                     md.get("explanation", "")))
 
         captured_guards = []
-        reset()  # like torch._dynamo.explain: count this program's graphs, not what earlier calls cached
+        reset()  # like PyTorch's explain: count this program's graphs, not what earlier calls cached
         target = fn._orig_mod if isinstance(fn, OptimizedModule) else getattr(fn, "_engine_orig", fn)
         observe.subscribe(on_event, events=["graph_break"])
         try:

@@ -1,4 +1,4 @@
-"""How an `ExplainOutput` prints. The text follows PyTorch's `torch._dynamo.explain`:
+"""How an `ExplainOutput` prints. The text follows PyTorch's explain():
 
     Graph Count: 3
     Graph Break Count: 2
