@@ -42,6 +42,20 @@ def _trace_time(handler_name: str, drop_self: bool = False):
     return mark
 
 
+def _ctx_shortcut(method: str):
+    """Mark `comptime.<method>()`: at trace time it runs `ctx.<method>()`."""
+
+    def mark(fn):
+        def handler(tx, args, kwargs):
+            from .debug import comptime_context
+            return comptime_context.run_ctx_method(tx, method)
+
+        fn.__engine_comptime__ = handler
+        return fn
+
+    return mark
+
+
 class _Comptime:
     """The `comptime` object. Its methods are markers the interpreter recognises."""
 
@@ -71,32 +85,32 @@ class _Comptime:
         """Break the graph here (from trace-time code); eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_print_graph")
+    @_ctx_shortcut("print_graph")
     def print_graph():
         """The graph traced so far; eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_print_locals")
+    @_ctx_shortcut("print_locals")
     def print_locals():
         """The frame's locals as the engine sees them; eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_print_bt")
+    @_ctx_shortcut("print_bt")
     def print_bt():
         """The user stack being traced; eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_print_guards")
+    @_ctx_shortcut("print_guards")
     def print_guards():
         """The guards installed so far; eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_print_value_stack")
+    @_ctx_shortcut("print_value_stack")
     def print_value_stack():
         """The interpreter's value stack; eagerly: nothing."""
 
     @staticmethod
-    @_trace_time("trace_disas")
+    @_ctx_shortcut("disas")
     def disas():
         """The frame's bytecode with the current instruction marked; eagerly: nothing."""
 

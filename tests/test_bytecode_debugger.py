@@ -14,28 +14,10 @@ import torch
 
 import engine
 from engine.capture.bytecode_builder import BytecodeBuilder
-from engine.debug import command_input
 from engine.debug.bytecode_debugger import Session, debug
 from engine.debug.bytecode_eval import EvalFrame, NotSteppable
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True)
-def fresh():
-    engine.reset()
-    command_input.reset()
-    yield
-    command_input.reset()
-
-
-def run_script(tmp_path, source: str, stdin: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    script = tmp_path / "user_program.py"
-    script.write_text(textwrap.dedent(source))
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               ENGINE_DEBUGGER_STDIN_TIMEOUT="20")
-    return subprocess.run([sys.executable, str(script)], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env)
+from debugger_helpers import REPO, fresh, run_script  # noqa: F401  (fresh is an autouse fixture)
 
 
 PRINT_IN_THE_MIDDLE = """

@@ -359,28 +359,9 @@ def trace_graph_break(tx, args, kwargs):
     ComptimeContext(tx).graph_break("comptime.graph_break()")
 
 
-def trace_print_graph(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.print_graph())
-
-
-def trace_print_locals(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.print_locals())
-
-
-def trace_print_bt(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.print_bt())
-
-
-def trace_print_guards(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.print_guards())
-
-
-def trace_print_value_stack(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.print_value_stack())
-
-
-def trace_disas(tx, args, kwargs):
-    return _run(tx, lambda ctx: ctx.disas())
+def run_ctx_method(tx, method: str):
+    """`comptime.print_graph()` and the other shortcuts: `ctx.<method>()` at trace time."""
+    return _run(tx, lambda ctx: getattr(ctx, method)())
 
 
 # ---------------------------------------------------------------------- breakpoint: pdb at trace time
