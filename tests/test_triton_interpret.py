@@ -180,6 +180,21 @@ def test_looped_reduction_when_the_row_is_long(monkeypatch):
     check(lambda t: t.argmax(-1), torch.randn(4, 70))
 
 
+def test_split_reduction_when_few_rows_are_long():
+    # a weight gradient's column sums (40 rows of 1100) and full reductions (one row):
+    # too few rows to fill a GPU, so NSPLIT programs reduce parts of each row into fp32
+    # partials and a second kernel combines them, then runs the epilogue (the mean's divide)
+    def f(g, x):
+        return (g * x).sum(0), g.sum(0), (x * x).mean(), x.amax()
+
+    g, x = torch.randn(1100, 40), torch.randn(1100, 40)
+    c = check(f, g, x, rtol=1e-4, atol=1e-4, runs=[(g * 2, x + 1)])
+    src = kernels_of(c)
+    assert c.n_kernels == 2 and src.count("_split(") == 2, src
+    assert all(ks.split_slots for ks in c.triton_kernels.values())
+    assert "tl.program_id(1) * RSPLIT" in src
+
+
 def test_layernorm_and_rmsnorm():
     def ln(x, w, b):
         return F.gelu(F.layer_norm(x, (53,), w, b))
@@ -267,9 +282,33 @@ def test_heuristics_per_kernel_shape():
     assert looped.XBLOCK == 1 and looped.RBLOCK == 2048
     cols = heuristic(Shape("reduction", False, 4096, 8192, True))
     assert (cols.XBLOCK, cols.RBLOCK) == (8, 256)
-    for s in (Shape("pointwise", False, 1 << 20, 1, False), Shape("reduction", True, 4096, 4096, False)):
+    # a split column sum: 64 columns a program, 4 programs per SM, each at least 4 steps
+    split = heuristic(Shape("reduction", False, 1024, 16384, True, split=True, sms=132))
+    assert (split.XBLOCK, split.RBLOCK, split.NSPLIT, split.RSPLIT) == (64, 64, 64, 256)
+    whole = heuristic(Shape("reduction", False, 1, 1 << 24, False, split=True, sms=132))
+    assert (whole.XBLOCK, whole.NSPLIT) == (1, 1024) and whole.NSPLIT * whole.RSPLIT >= 1 << 24
+    for s in (Shape("pointwise", False, 1 << 20, 1, False), Shape("reduction", True, 4096, 4096, False),
+              Shape("reduction", False, 1024, 16384, True, split=True)):
         cands = candidates(s)
         assert heuristic(s) == cands[0] and len(cands) > 3 and len(set(cands)) == len(cands)
+
+
+def test_direct_launch_keys_on_what_triton_specializes_on():
+    from triton import knobs
+
+    from engine.codegen.triton.launcher import DirectLaunch
+    x = torch.randn(64)
+    # pointers: 16-byte alignment; integers: ==1, %16 and 32-bit width
+    assert DirectLaunch.specialization((x, x[1:], 1, 32, 7, 2 ** 40)) == (
+        True, False, (True, False, True), (False, True, True), (False, False, True), (False, True, False))
+    assert DirectLaunch.specialization((x, 1.5)) is None        # anything else: Triton's own dispatch
+    direct = DirectLaunch(None, knobs)
+    assert not direct._hooked()
+    knobs.runtime.launch_enter_hook.add(print)                  # a profiler's hook: Triton's path
+    try:
+        assert direct._hooked()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
 
 
 # -- through engine.compile (capture, AOT, the inductor backend's Triton path) ---------------

@@ -4,6 +4,7 @@ kernels), measured side by side in one run with triton.testing.do_bench.
     python3 tests/bench/bench_gpu.py                  # all seven models
     python3 tests/bench/bench_gpu.py --quick          # smaller sizes, fewer repetitions
     python3 tests/bench/bench_gpu.py --models softmax,rmsnorm --max-autotune
+    python3 tests/bench/bench_gpu.py --models block_train --profile   # where the time goes
 
 Prints, per model: times (ms), speedups over eager, achieved GB/s of memory-bound models
 (against the device's copy bandwidth measured in this run), cold compile times (fresh
@@ -28,6 +29,14 @@ os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_TMP, "triton"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "inductor"))
 os.environ.setdefault("ENGINE_CACHE_DIR", os.path.join(_TMP, "engine"))
 
+
+def fresh_caches(tag: str) -> None:
+    """Empty cache directories for one compiler and model (Triton's binaries and C
+    launchers too): neither compiler finds what the other, or an earlier model, built."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(_TMP, tag, "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_TMP, tag, "inductor")
+    engine.config.cache_dir = os.path.join(_TMP, tag, "engine")
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
@@ -37,6 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import engine  # noqa: E402
 import observe  # noqa: E402
+import observe.metrics  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -179,17 +189,33 @@ class HintCollector:
     """Our compiler's perf hints and kernel counts while a model compiles."""
 
     def __init__(self):
-        self.hints, self.kernels, self.fallbacks = [], 0, []
+        self.hints, self.kernels, self.fallbacks, self.sources = [], 0, [], []
 
     def __call__(self, ev):
         name = ev.metadata.get("name") if ev.name == "artifact" else None
         if name == "kernel_code":
             self.kernels += 1
+            self.sources.append(ev.payload())
         elif name == "perf_hints":
             text = ev.payload() or ""
             self.hints.append(text)
             if "uncompiled" in text:
                 self.fallbacks.append(text)
+
+
+def top_kernels(run, n=12, steps=5) -> list:
+    """The step's n most expensive CUDA kernels (torch.profiler): [name, ms per step, launches per step]."""
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count / steps) for e in prof.key_averages()
+            if e.self_device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return [[k[:100], round(ms, 4), c] for k, ms, c in rows[:n]]
 
 
 def max_err(a, b) -> float:
@@ -206,22 +232,31 @@ def run_model(name, args) -> dict:
     for p in params:
         p.grad = None
     res["eager_ms"] = bench(eager_run, args.quick)
+    if args.profile:
+        res["eager_top"] = top_kernels(eager_run)
 
     mode = "max-autotune" if args.max_autotune else None
     if not args.skip_torch_compile:
         import torch._dynamo
         torch._dynamo.reset()
+        fresh_caches(f"{name}-torch-compile")
         tc = torch.compile(fn, mode=mode)
         run = runner(tc, inputs, train)
         res["torch_compile_cold_s"], out = cold_call(run, params)
         res["torch_compile_err"] = max_err(out, ref)
         res["torch_compile_ms"] = bench(run, args.quick)
+        if args.profile:
+            res["torch_compile_top"] = top_kernels(run)
         del tc, run
         torch._dynamo.reset()
 
     engine.reset()
+    fresh_caches(f"{name}-ours")
     hints = HintCollector()
     observe.subscribe(hints, events=["artifact"])
+    if args.profile:
+        observe.metrics.reset()
+        observe.metrics.start()
     try:
         ours = engine.compile(fn, mode=mode)
         run = runner(ours, inputs, train)
@@ -229,11 +264,17 @@ def run_model(name, args) -> dict:
         run()        # a backward graph may compile on the first backward: keep it out of the timing
     finally:
         observe.unsubscribe(hints)
+        if args.profile:
+            res["ours_compile_times"] = observe.metrics.compile_times()
+            observe.metrics.stop()
     res["ours_err"] = max_err(out, ref)
     res["ours_kernels"] = hints.kernels
     res["ours_fallbacks"] = hints.fallbacks[:3]
     res["ours_hints"] = hints.hints[:8]
     res["ours_ms"] = bench(run, args.quick)
+    if args.profile:
+        res["ours_top"] = top_kernels(run)
+        res["ours_kernel_sources"] = hints.sources
     for p in params:
         p.grad = None
 
@@ -258,6 +299,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a quarter of the sizes, fewer repetitions")
     ap.add_argument("--max-autotune", action="store_true", help='mode="max-autotune" for both compilers')
     ap.add_argument("--skip-torch-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print each compiler's most expensive CUDA kernels and our compile-stage times")
     ap.add_argument("--json", default=None, help="write results here (default: $OUT/bench_gpu.json if $OUT is set)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -337,6 +380,13 @@ def _print_row(r, bw):
     print(f"[{r['model']}] " + "; ".join(parts), flush=True)
     for h in r.get("ours_fallbacks", []):
         print(f"    fallback: {h[:300]}")
+    for who in ("eager", "torch_compile", "ours"):
+        if r.get(f"{who}_top"):
+            print(f"    {who}: top CUDA kernels (ms per step, launches per step)")
+            for k, ms, c in r[f"{who}_top"]:
+                print(f"      {ms:8.4f} {c:5.1f}  {k}")
+    if r.get("ours_compile_times"):
+        print("    ours: compile stages\n" + "\n".join("      " + ln for ln in r["ours_compile_times"].splitlines()))
 
 
 if __name__ == "__main__":

@@ -72,10 +72,10 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
 
 
 def _triton_hints(ks, hint):
-    if ks.kind == "reduction" and not ks.persistent:
+    if ks.kind == "reduction" and not ks.persistent and not ks.split_slots:
         hint("%s loops over rows of %s elements (not persistent: the row is larger than one block or dynamic); "
              "each phase re-reads its inputs", ks.name, ks.rnumel)
-    if ks.kind == "reduction" and ks.xnumel == 1:
+    if ks.kind == "reduction" and ks.xnumel == 1 and not ks.split_slots:
         hint("%s reduces everything in one program (no split reduction): slow for large inputs", ks.name)
 
 
@@ -96,9 +96,10 @@ def generate(g, sched, kernel_src: str, kernels: dict, graph_key: str, interpret
         lines.append(f"_mod = load_module(TRITON_SOURCE, interpret={interpret})")
         for name, ks in kernels.items():
             inplace = tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
+            split = f", split_fn=_mod.{name}_split, split_slots={ks.split_slots}" if ks.split_slots else ""
             lines.append(f"{name} = Launcher(_mod.{name}, {name!r}, {ks.kind!r}, persistent={ks.persistent}, "
                          f"x_contiguous={ks.x_contiguous}, autotune={autotune}, interpret={interpret}, "
-                         f"inplace_args={inplace!r}, source_hash={src_hash!r})")
+                         f"inplace_args={inplace!r}, source_hash={src_hash!r}{split})")
         lines.append("")
     for name in g.constants:
         lines.append(f"{name} = None  # set by the loader: a constant tensor of the graph")

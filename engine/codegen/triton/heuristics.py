@@ -12,15 +12,20 @@ class Config:
     RBLOCK: int = 1          # unused by pointwise kernels
     num_warps: int = 4
     num_stages: int = 1
+    NSPLIT: int = 1          # split reductions: programs per row block (a power of two)
+    RSPLIT: int = 0          # ... and elements of the row each reduces (a multiple of RBLOCK)
 
-    def kwargs(self, reduction: bool) -> dict:
+    def kwargs(self, reduction: bool, split: bool = False) -> dict:
         kw = {"XBLOCK": self.XBLOCK, "num_warps": self.num_warps, "num_stages": self.num_stages}
         if reduction:
             kw["RBLOCK"] = self.RBLOCK
+        if split:
+            kw["NSPLIT"], kw["RSPLIT"] = self.NSPLIT, self.RSPLIT
         return kw
 
     def __str__(self) -> str:
-        return f"XBLOCK={self.XBLOCK} RBLOCK={self.RBLOCK} num_warps={self.num_warps} num_stages={self.num_stages}"
+        split = f" NSPLIT={self.NSPLIT} RSPLIT={self.RSPLIT}" if self.RSPLIT else ""
+        return f"XBLOCK={self.XBLOCK} RBLOCK={self.RBLOCK} num_warps={self.num_warps} num_stages={self.num_stages}{split}"
 
 
 def next_pow2(n: int) -> int:
@@ -40,9 +45,28 @@ class Shape:
     rnumel: int
     x_contiguous: bool
     interpret: bool = False
+    split: bool = False     # a split reduction (kernel.py): the config also says NSPLIT/RSPLIT
+    sms: int = 132          # streaming multiprocessors of the device: split targets a few programs each
+
+
+def split_config(s: Shape, xb: int, rb: int, warps: int, nsplit: int | None = None) -> Config:
+    """Enough splits for ~4 programs per SM, each looping at least 4 steps of RBLOCK."""
+    xprograms = -(-s.xnumel // xb)
+    if nsplit is None:
+        nsplit = next_pow2(max(1, 4 * s.sms // xprograms))
+    while nsplit > 1 and nsplit * rb * 4 > s.rnumel:
+        nsplit //= 2
+    nsplit = _clamp(nsplit, 1, 1024)
+    rsplit = -(-(-(-s.rnumel // nsplit)) // rb) * rb
+    return Config(xb, rb, warps, 1, nsplit, rsplit)
 
 
 def heuristic(s: Shape) -> Config:
+    if s.split:
+        if s.x_contiguous:   # 64 contiguous columns (128 B of bf16) by 64 rows a step (tuned on H200)
+            return split_config(s, _clamp(next_pow2(s.xnumel), 1, 64), 64, 4)
+        rb = _clamp(next_pow2(s.rnumel), 16, 2048 if not s.interpret else 1 << 12)
+        return split_config(s, 1, rb, _clamp(rb // 256, 2, 8))
     if s.kind == "pointwise":
         if s.interpret:     # the CPU interpreter pays per program: few large blocks
             return Config(_clamp(next_pow2(s.xnumel), 16, 4096), 1, 1)
@@ -54,8 +78,8 @@ def heuristic(s: Shape) -> Config:
         xb = _clamp(target // rb, 1, next_pow2(s.xnumel))
         if not s.x_contiguous:
             xb = min(xb, 64)
-        # measured on H100 (bf16 rows of 4096/8192): 4 warps for 4096, 8 for 8192
-        warps = _clamp(next_pow2(max(1, xb * rb // 1024)), 2, 16)
+        # measured on H100 and H200 (bf16 rows of 4096/8192): 4 warps for 4096, 16 for 8192
+        warps = _clamp(next_pow2(max(1, xb * rb // (1024 if rb < 8192 else 512))), 2, 16)
         return Config(xb, rb, warps)
     if s.x_contiguous:      # reducing over a leading dim: a few contiguous columns, many rows per step
         # measured on H100 (bf16 [16384, 1024|4096] summed over rows): 8 x 256, 8 warps
@@ -69,7 +93,15 @@ def heuristic(s: Shape) -> Config:
 def candidates(s: Shape) -> list[Config]:
     """The configs max-autotune times (the heuristic's choice is always among them)."""
     out = [heuristic(s)]
-    if s.kind == "pointwise":
+    if s.split:
+        base = out[0]
+        for xb, rb in ((base.XBLOCK, base.RBLOCK), (32, 64), (64, 32), (1, 1024), (1, 2048)):
+            if (xb == 1) == (not s.x_contiguous) or (xb, rb) == (base.XBLOCK, base.RBLOCK):
+                for mult in (1, 2, 4):
+                    for w in (4, 8):
+                        out.append(split_config(s, min(xb, next_pow2(s.xnumel)), rb, w,
+                                                max(1, base.NSPLIT * mult // 2)))
+    elif s.kind == "pointwise":
         for xb in (256, 512, 1024, 2048, 4096):
             for w in (4, 8):
                 if xb <= max(32, next_pow2(s.xnumel)) and xb // w >= 32:

@@ -9,6 +9,11 @@ Two kernel shapes:
               phase: softmax/layernorm read their input once) when the row size is static
               and fits; looped otherwise (one `for roffset` loop per phase, accumulators
               of the tile's shape, combined at the end of the loop).
+  split       a looped reduction with too few rows to fill the GPU (column sums of a
+              weight gradient, a full reduction): two kernels. `<name>_split` runs a
+              grid of (row blocks, NSPLIT) programs, each reducing RSPLIT elements of the
+              row into an fp32 partial; `<name>` combines the NSPLIT partials of each row
+              and runs the epilogue. Deterministic (no atomics).
 
 Values are computed in the IR's compute dtype (fp32 for bf16/fp16 buffers, as eager does)
 and converted to the buffer's dtype on store. Sizes that are symbols arrive as kernel
@@ -36,6 +41,12 @@ TL_TYPES = {
 
 # Largest row (elements) kept whole in one tile; longer or dynamic rows loop.
 PERSISTENT_MAX = 8192
+# A looped reduction splits its rows when they are at least this long and the kernel
+# would otherwise run fewer than SPLIT_MAX_PROGRAMS programs (rows per program as the
+# split heuristic tiles them: 64 contiguous columns, or one row).
+SPLIT_MIN_R = 1024
+SPLIT_MAX_PROGRAMS = 512
+_SPLITTABLE = {"sum", "prod", "max", "min", "any", "all"}
 
 PRELUDE = '''\
 import triton
@@ -157,6 +168,7 @@ class KernelSource:
     rnumel: sympy.Expr          # the largest inner range (1 for pointwise kernels)
     x_contiguous: bool          # reduction whose loads are contiguous along the outer dim
     elem_bytes: int
+    split_slots: int = 0        # a split reduction: fp32 partials per row and split (its reductions)
 
 
 class _Scope:
@@ -208,8 +220,30 @@ class TritonKernel:
         self.stored = set(fk.stored)
         if self.persistent and needed is not None:
             self.stored = {n for n in fk.stored if n in needed}
+        self.split = self._splittable()
+        self.split_slots = 0
+        self._split_lines = None        # (loop start, loop end) in the body; tail of <name>_split
 
     # -- helpers ----------------------------------------------------------------------
+    def _splittable(self) -> bool:
+        """One looped reduction phase first, associative fp32 reductions, static sizes, and
+        too few programs without a split."""
+        if not self.reduction or self.persistent:
+            return False
+        looped = [ph for ph in self.fk.phases if ph.inner != ()]
+        if len(looped) != 1 or self.fk.phases[0] is not looped[0]:
+            return False
+        reds = [m for m in looped[0].members if m.buf.is_reduction]
+        if not reds or any(m.buf.data.reduction_type not in _SPLITTABLE
+                           or self._acc_dtype(m.buf.data.reduction_type, m.value.dtype) != torch.float32
+                           for m in reds):
+            return False
+        xn, rn = numel(self.fk.outer), numel(looped[0].inner)
+        if not (xn.is_Integer and rn.is_Integer) or int(rn) < SPLIT_MIN_R:
+            return False
+        per_program = 64 if self.x_contiguous else 1
+        return -(-int(xn) // per_program) < SPLIT_MAX_PROGRAMS
+
     def _needs_int64(self) -> bool:
         for m in self.fk.members:
             for ld in V.loads(m.value):
@@ -429,19 +463,28 @@ class TritonKernel:
                 top.lines.append(f"{ind}tl.debug_barrier()")
             self._phase(ph, top, stored_in_kernel)
 
-        top.lines = _drop_unused_vars(top.lines, {str(v) for v in fk.outer_vars} | {str(v) for v in self.r_vars})
-        symbols = sorted({s for s in self.symbols if _used(str(s), top.lines)}, key=str)
+        loop_vars = {str(v) for v in fk.outer_vars} | {str(v) for v in self.r_vars}
+        if self._split_lines:
+            start, end, tail = self._split_lines
+            bodies = {f"{fk.name}_split": top.lines[:end] + tail, fk.name: top.lines[:start] + top.lines[end:]}
+        else:
+            bodies = {fk.name: top.lines}
+        bodies = {name: _drop_unused_vars(lines, loop_vars) for name, lines in bodies.items()}
+        symbols = sorted({s for s in self.symbols if any(_used(str(s), b) for b in bodies.values())}, key=str)
         # Under the CPU interpreter a runtime scalar cannot bound range() (numpy 2 refuses
         # int() of its 1-element array): there, size symbols are constexpr.
         sym_params = [f"{s}: tl.constexpr" if self.interpret else str(s) for s in symbols]
-        params = [self.params[s] for s in self.params] + sym_params + ["xnumel"]
+        params = (["p_split_ws"] if self.split_slots else []) + [self.params[s] for s in self.params]
+        params += sym_params + ["xnumel"]
+        if self.split_slots:
+            params += ["RSPLIT: tl.constexpr", "NSPLIT: tl.constexpr"]
         params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.reduction else [])
-        src = "@triton.jit\n" + f"def {fk.name}({', '.join(params)}):\n" + "\n".join(top.lines) + "\n"
+        src = "\n\n".join(f"@triton.jit\ndef {name}({', '.join(params)}):\n" + "\n".join(lines) + "\n"
+                          for name, lines in bodies.items())
         elem = max((self.layouts[b].dtype.itemsize for b in self.params if b in self.layouts), default=4)
         return KernelSource(fk.name, src, list(self.params), set(self.written), set(self.read), symbols,
                             "reduction" if self.reduction else "pointwise", self.persistent, xnumel,
-                            self._rnumel(),
-                            self.x_contiguous, elem)
+                            self._rnumel(), self.x_contiguous, elem, self.split_slots)
 
     def _rnumel(self):
         if not self.r_numels:
@@ -562,7 +605,10 @@ class TritonKernel:
                     comb = "_argmax_combine" if rt == "argmax" else "_argmin_combine"
                     sl.append(f"{si}{acc}, {acc}_i = {comb}({acc}, {acc}_i, {masked}, "
                               f"tl.where(rmask & xmask, tl.broadcast_to({flat}, [XBLOCK, RBLOCK]), {self.big_index}))")
-        if not self.persistent:
+        if self.split:
+            self._split_phase(top, pre, scope, accs, rn_s, results)
+            self.locals = saved
+        elif not self.persistent:
             # hoisted (r-invariant) values were appended to `top` while the body was built
             top.lines.extend(pre)
             top.lines.append(f"{ind}for roffset in range(0, {rn_s}, RBLOCK):")
@@ -580,6 +626,32 @@ class TritonKernel:
                 self.store(m, res, top, False)
                 stored_in_kernel.add(m.name)
             self.locals[(m.name, str(m.store_index))] = (res, False, None)
+
+    def _split_phase(self, top: _Scope, pre, scope: _Scope, accs, rn_s, results):
+        """The body's loop covers one split (RSPLIT elements of the row) and stores each
+        accumulator's partial (<name>_split's tail); after it, <name> loads the NSPLIT
+        partials of its rows and combines them: the epilogue that follows is shared."""
+        ind = top.indent
+        start = len(top.lines)
+        pid = "tl.program_id(1)" + (".to(tl.int64)" if self.int64 else "")
+        top.lines.extend(pre)
+        top.lines.append(f"{ind}rstart = {pid} * RSPLIT")
+        # static trip count (the interpreter cannot bound range() by a program id); the
+        # last split's tail is masked by rmask like any row end
+        top.lines.append(f"{ind}for rstep in range(0, RSPLIT, RBLOCK):")
+        top.lines.append(f"{scope.indent}roffset = rstart + rstep")
+        top.lines.extend(scope.lines)
+        end = len(top.lines)
+        tail = _Scope(ind)
+        top.lines.append(f"{ind}sindex = tl.arange(0, NSPLIT)[None, :]")
+        for k, (m, rt, acc, ident, adt) in enumerate(accs):
+            part = self._finish(rt, acc, None, tail, f"{m.name}_part")
+            tail.lines.append(f"{ind}tl.store(p_split_ws + ({k} * NSPLIT + {pid}) * xnumel + xindex, {part}, xmask)")
+            top.lines.append(f"{ind}{acc}_parts = tl.load(p_split_ws + ({k} * NSPLIT + sindex) * xnumel + xindex, "
+                             f"xmask, other={ident})")
+            results.append((m, rt, self._finish(rt, f"{acc}_parts", None, top, m.name, looped=True)))
+        self.split_slots = len(accs)
+        self._split_lines = (start, end, tail.lines)
 
     def _finish(self, rt, tile, index_tile, top, name, looped=False) -> str:
         """Combine a [XBLOCK, RBLOCK] tile along r into a [XBLOCK, 1] value."""

@@ -27,17 +27,44 @@ def _pool():
     return _executor[0]
 
 
-def _compile_job(fn, args, grid, kw, device):
-    # Compilation only: loading the binary into the CUDA context stays on the launching
-    # thread (a worker loading modules beside running kernels is a race we do not take).
-    return fn.warmup(*args, grid=grid, **kw)
+def _compile_job(launches, kw):
+    """Compile (no launch) each kernel, and build the C launcher its signature needs
+    (Triton compiles one with the system C compiler per signature, ~0.15 s, then caches
+    it on disk): loading the binary into the CUDA context stays on the launching thread
+    (a worker loading modules beside running kernels is a race we do not take)."""
+    for fn, args, grid in launches:
+        compiled = fn.warmup(*args, grid=grid, **kw)
+        _build_launcher(compiled)
+
+
+def _build_launcher(compiled) -> None:
+    try:
+        from triton.runtime.driver import driver
+        driver.active.launcher_cls(compiled.src, compiled.metadata)
+    except Exception as exc:       # Triton's internals moved: the first launch builds it
+        observe.log("inductor", logging.DEBUG, "triton launcher prebuild skipped: %s", exc)
+
+
+def _device_of(args):
+    return next((a.device for a in args if hasattr(a, "device")), None)
+
+
+_sms: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device not in _sms:
+        import torch
+        _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms[device]
 
 
 def precompile_graph(fn, args) -> None:
     """Run a wrapper's _precompile; it is only an optimization, so a failure is logged and
     the kernels compile at their first launch instead."""
     try:
-        fn(args)
+        with observe.stage("triton_precompile"):
+            fn(args)
     except Exception as exc:
         observe.log("inductor", logging.DEBUG, "triton precompile skipped: %s: %s", type(exc).__name__, exc)
 
@@ -98,13 +125,87 @@ def load_module(source: str, interpret: bool):
     return module
 
 
+class DirectLaunch:
+    """Launches a kernel Triton has compiled without going through its JIT dispatch
+    (binding arguments, computing the specialization key, looking up the cache: ~20 us
+    a launch, as much as a small kernel runs; a training step launches dozens). Keyed by
+    what Triton specializes on: each pointer's 16-byte alignment and each integer's
+    ==1, %16 and width; anything else, or a launch hook (a profiler), takes Triton's path."""
+
+    def __init__(self, driver, knobs):
+        self.driver = driver
+        self.knobs = knobs
+        self.kernels: dict = {}
+        self.broken = False
+        self.hits = 0
+
+    @classmethod
+    def create(cls):
+        try:
+            from triton import knobs
+            from triton.runtime.driver import driver
+            return cls(driver.active, knobs)
+        except Exception:        # another Triton: its own dispatch only
+            return None
+
+    @staticmethod
+    def specialization(args) -> tuple:
+        key = []
+        for a in args:
+            if type(a) is int:
+                key.append((a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31))
+            elif hasattr(a, "data_ptr"):
+                key.append(a.data_ptr() % 16 == 0)
+            else:
+                return None
+        return tuple(key)
+
+    def _hooked(self) -> bool:
+        """A launch hook is installed (Triton 3.6 keeps them in chains, empty when none)."""
+        rt = self.knobs.runtime
+        return any(h is not None and getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+
+    def launch(self, fn, grid, args, cfg) -> bool:
+        spec = self.specialization(args)
+        if spec is None:
+            return False
+        device = self.driver.get_current_device()
+        hit = self.kernels.get((id(fn), cfg, device, spec))
+        if hit is None or self._hooked():
+            return False
+        compiled, constexprs = hit
+        try:
+            compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, self.driver.get_current_stream(device),
+                         compiled.function, compiled.packed_metadata, None, None, None, *args, *constexprs)
+        except TypeError as exc:     # the launcher's arguments differ in this Triton: stop trying
+            observe.log("inductor", logging.INFO, "direct Triton launch disabled: %s", exc)
+            self.broken = True
+            self.kernels.clear()
+            return False
+        self.hits += 1
+        return True
+
+    def remember(self, fn, args, kw, cfg, compiled) -> None:
+        spec = self.specialization(args)
+        if spec is None or compiled is None or self.broken:
+            return
+        try:
+            constexprs = tuple(kw[name] for name in fn.arg_names[len(args):])
+            compiled.run        # loads the binary (the launch just did)
+            self.kernels[(id(fn), cfg, self.driver.get_current_device(), spec)] = (compiled, constexprs)
+        except Exception as exc:
+            observe.log("inductor", logging.DEBUG, "direct launch unavailable for %s: %s", fn, exc)
+
+
 class Launcher:
     """kernel(*tensors_and_sizes, xnumel=..., rnumel=...): launches with the config for
     these sizes, chosen once per (xnumel, rnumel)."""
 
     def __init__(self, fn, name: str, kind: str, persistent: bool, x_contiguous: bool, autotune: bool,
-                 interpret: bool, inplace_args: tuple, source_hash: str):
+                 interpret: bool, inplace_args: tuple, source_hash: str, split_fn=None, split_slots: int = 0):
         self.fn = fn
+        self.split_fn = split_fn               # a split reduction's first kernel (partials)
+        self.split_slots = split_slots         # fp32 partials per row and split
         self.name = name
         self.kind = kind
         self.persistent = persistent
@@ -114,15 +215,19 @@ class Launcher:
         self.inplace_args = inplace_args       # positions of tensors read and written
         self.source_hash = source_hash
         self.configs: dict = {}
+        self.direct = None if interpret else DirectLaunch.create()
 
-    def shape(self, xnumel: int, rnumel: int) -> Shape:
-        return Shape(self.kind, self.persistent, int(xnumel), int(rnumel), self.x_contiguous, self.interpret)
+    def shape(self, xnumel: int, rnumel: int, args=()) -> Shape:
+        split = bool(self.split_slots)
+        sms = (2 if self.interpret else _sm_count(_device_of(args))) if split else 132
+        return Shape(self.kind, self.persistent, int(xnumel), int(rnumel), self.x_contiguous, self.interpret,
+                     split, sms)
 
     def config_for(self, args, xnumel, rnumel) -> Config:
         k = (xnumel, rnumel)
         cfg = self.configs.get(k)
         if cfg is None:
-            s = self.shape(xnumel, rnumel)
+            s = self.shape(xnumel, rnumel, args)
             cfg = self._tuned(s, args) if self.autotune else heuristic(s)
             self.configs[k] = cfg
             observe.log("inductor", logging.DEBUG, "%s: xnumel=%s rnumel=%s -> %s", self.name, xnumel, rnumel, cfg)
@@ -141,14 +246,29 @@ class Launcher:
         if self.autotune or self.interpret or xnumel == 0:
             return None
         cfg = self.config_for(args, xnumel, rnumel)
-        grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)
-        kw = cfg.kwargs(self.kind == "reduction")
-        device = next((a.device.index for a in args if hasattr(a, "device") and a.device.type == "cuda"), None)
-        return _pool().submit(_compile_job, self.fn, (*args, xnumel), grid, kw, device)
+        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        return _pool().submit(_compile_job, [(fn, (*a, xnumel), grid) for fn, grid, a in self._kernels(cfg, args, xnumel)],
+                              kw)
+
+    def _kernels(self, cfg: Config, args, xnumel):
+        """(kernel, grid, args) of one launch: one kernel, or a split reduction's two
+        (partials into a workspace, then the combine)."""
+        blocks = (xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK
+        if not self.split_slots:
+            return [(self.fn, (blocks,), args)]
+        import torch
+        ws = torch.empty(self.split_slots * cfg.NSPLIT * xnumel, dtype=torch.float32, device=_device_of(args))
+        return [(self.split_fn, (blocks, cfg.NSPLIT), (ws, *args)), (self.fn, (blocks,), (ws, *args))]
 
     def _launch(self, cfg: Config, args, xnumel):
-        grid = ((xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK,)
-        self.fn[grid](*args, xnumel, **cfg.kwargs(self.kind == "reduction"))
+        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        for fn, grid, a in self._kernels(cfg, args, xnumel):
+            a = (*a, xnumel)
+            if self.direct is not None and self.direct.launch(fn, grid, a, cfg):
+                continue
+            compiled = fn[grid](*a, **kw)
+            if self.direct is not None:
+                self.direct.remember(fn, a, kw, cfg, compiled)
 
     # -- max-autotune ------------------------------------------------------------------
     def _cache_path(self, s: Shape) -> str:
