@@ -32,7 +32,7 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -56,11 +56,11 @@ class Shape:
 def split_config(s: Shape, xb: int, rb: int, warps: int, nsplit: int | None = None) -> Config:
     """Enough splits for ~4 programs per SM, each looping at least 4 steps of RBLOCK."""
     if nsplit is None:
-        nsplit = next_pow2(max(1, 4 * s.sms // _cdiv(s.xnumel, xb)))
+        nsplit = next_pow2(max(1, 4 * s.sms // cdiv(s.xnumel, xb)))
     while nsplit > 1 and nsplit * rb * 4 > s.rnumel:
         nsplit //= 2
     nsplit = _clamp(nsplit, 1, 1024)
-    return Config(xb, rb, warps, 1, nsplit, _cdiv(_cdiv(s.rnumel, nsplit), rb) * rb)
+    return Config(xb, rb, warps, 1, nsplit, cdiv(cdiv(s.rnumel, nsplit), rb) * rb)
 
 
 def heuristic(s: Shape) -> Config:

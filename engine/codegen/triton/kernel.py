@@ -32,6 +32,7 @@ from .. import values as V
 from ..index import IMod, index_var, numel, unflatten
 from ..index_printer import IndexPrinter
 from ..scheduler import FusedKernel
+from .heuristics import cdiv
 
 TL_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -242,7 +243,7 @@ class TritonKernel:
         if not (xn.is_Integer and rn.is_Integer) or int(rn) < SPLIT_MIN_R:
             return False
         per_program = 64 if self.x_contiguous else 1
-        return -(-int(xn) // per_program) < SPLIT_MAX_PROGRAMS
+        return cdiv(int(xn), per_program) < SPLIT_MAX_PROGRAMS
 
     def _needs_int64(self) -> bool:
         for m in self.fk.members:

@@ -14,7 +14,7 @@ import sys
 
 import observe
 
-from .heuristics import Config, Shape, candidates, heuristic
+from .heuristics import Config, Shape, candidates, cdiv, heuristic
 
 _modules: dict = {}
 _executor = []
@@ -240,9 +240,9 @@ class Launcher:
         self._launch(cfg, args, xnumel)
 
     def precompile(self, *args, xnumel, rnumel=1):
-        """Compile (no launch) the binary the first call will need, on a worker thread:
-        Triton's JIT spends most of its time outside the GIL (LLVM, ptxas), so the kernels
-        of a graph compile side by side instead of one after another."""
+        """Compile (no launch) the binaries the first call will need, on a worker thread:
+        Triton's LLVM and ptxas steps run outside the GIL, so those of a graph's kernels
+        overlap (its Python front end does not)."""
         if self.autotune or self.interpret or xnumel == 0:
             return None
         cfg = self.config_for(args, xnumel, rnumel)
@@ -253,7 +253,7 @@ class Launcher:
     def _kernels(self, cfg: Config, args, xnumel):
         """(kernel, grid, args) of one launch: one kernel, or a split reduction's two
         (partials into a workspace, then the combine)."""
-        blocks = (xnumel + cfg.XBLOCK - 1) // cfg.XBLOCK
+        blocks = cdiv(xnumel, cfg.XBLOCK)
         if not self.split_slots:
             return [(self.fn, (blocks,), args)]
         import torch
