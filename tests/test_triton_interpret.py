@@ -11,7 +11,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 import observe  # noqa: E402
 from engine import config  # noqa: E402
@@ -207,6 +208,28 @@ def test_layernorm_and_rmsnorm():
     check(rms, x, torch.randn(53), rtol=1e-4, atol=1e-5)
 
 
+def test_gelu_is_x_times_the_normal_cdf():
+    # eager computes 0.5*x*(1 + erf(x/sqrt(2))); the kernels compute x*Phi(x) with Phi
+    # from _ndtr, a fitted exp2 form: as close to exact as eager's, and closer in the
+    # negative tail, where 1 + erf cancels
+    x = torch.cat([torch.linspace(-9, 9, 3001),
+                   torch.tensor([0.0, -0.0, 1e30, -1e30, -float("inf"), float("nan")])])
+    c = check(F.gelu, x, rtol=1e-6, atol=1e-6)
+    assert c(torch.tensor([float("inf")])).item() == float("inf")     # eager's CPU kernel says nan
+    assert "_ndtr(" in kernels_of(c) and "erf" not in kernels_of(c).split("def kernel", 1)[1]
+    got = c(x).double()
+    exact = x.double() * torch.special.ndtr(x.double())
+    finite = x.isfinite()
+    assert ((got - exact).abs() <= 2e-7 * x.double().abs() + 1e-30)[finite].all()
+    tail = (x > -5.5) & (x < -3)
+    ours = ((got - exact).abs() / exact.abs())[tail].max()
+    eager = ((F.gelu(x).double() - exact).abs() / exact.abs())[tail].max()
+    assert ours < 1e-5 < eager
+    check(F.gelu, torch.randn(300, dtype=torch.bfloat16), rtol=1e-2, atol=1e-2)
+    check(F.gelu, torch.randn(300, dtype=torch.float64), rtol=1e-12, atol=1e-12)      # erf for float64
+    check(lambda t: F.gelu(t, approximate="tanh"), torch.randn(300), rtol=1e-5, atol=1e-5)
+
+
 # -- dtypes ------------------------------------------------------------------------------
 def test_bf16_computes_in_fp32_and_stores_bf16():
     def f(x, w, b):
@@ -311,6 +334,45 @@ def test_direct_launch_keys_on_what_triton_specializes_on():
         knobs.runtime.launch_enter_hook.remove(print)
 
 
+@triton.jit
+def _axpy(x, y, out, n, stride, alpha, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i * stride, alpha * tl.load(x + i, i < n) + tl.load(y + i, i < n), i < n)
+
+
+def test_cuda_launch_passes_the_compiled_signature():
+    # compiled for an H100 here, without a GPU: the parameters our ctypes launcher fills
+    # are the kernel's non-constexpr arguments in order (stride == 1 was specialized away)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton.cuda_launch import CudaKernel, Unsupported
+
+    def compile_for_h100(signature, constexprs):
+        return triton.compile(ASTSource(_axpy, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 2})
+
+    loads = []
+
+    def load_binary(name, binary, shared, device):
+        loads.append((name, device))
+        return None, 0xF00, 16, 0, 1024
+
+    compiled = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "constexpr",
+                                 "alpha": "i64", "BLOCK": "constexpr"}, {"stride": 1, "BLOCK": 128})
+    kernel = CudaKernel(compiled, 6, 0, load_binary)
+    assert loads == [("_axpy", 0)] and kernel.function == 0xF00 and kernel.block == 64
+    assert kernel.positions == [0, 1, 2, 3, 5]
+    x, y, out = torch.randn(8), torch.randn(8), torch.empty(8)
+    kernel.fill((x, y, out, 8, 1, -3))
+    assert [s.value for s in kernel.slots] == [x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3]
+    assert len(kernel.params) == 5 + 2                          # then the two (null) scratch pointers
+    floats = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "i32",
+                               "alpha": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 128})
+    with pytest.raises(Unsupported, match="alpha"):             # a float scalar: Triton's launcher
+        CudaKernel(floats, 6, 0, load_binary)
+
+
 # -- through engine.compile (capture, AOT, the inductor backend's Triton path) ---------------
 def test_engine_compile_inference_and_training_use_triton():
     import engine
@@ -333,3 +395,4 @@ def test_engine_compile_inference_and_training_use_triton():
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+

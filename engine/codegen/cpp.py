@@ -146,7 +146,8 @@ _UNARY = {
     "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
     "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})",
-    "erf": "std::erf({0})", "erfc": "std::erfc({0})", "lgamma": "std::lgamma({0})",
+    "erf": "std::erf({0})", "erfc": "std::erfc({0})",
+    "ndtr": "({T}(0.5) * std::erfc({0} * {T}(-0.70710678118654752440)))", "lgamma": "std::lgamma({0})",
     "sigmoid": "({T}(1) / ({T}(1) + std::exp(-{0})))", "reciprocal": "({T}(1) / {0})",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
     "trunc": "std::trunc({0})", "sign": "sign_of<{T}>({0})", "isnan": "({0} != {0})",
@@ -661,7 +662,7 @@ def _largest_shared(v, there: set, dtype):
     return None
 
 
-_COSTLY = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "tanh", "sigmoid", "sin",
+_COSTLY = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "ndtr", "tanh", "sigmoid", "sin",
            "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh"}
 
 

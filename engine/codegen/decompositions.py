@@ -94,6 +94,15 @@ def _addmm(decomposed, self, mat1, mat2, *, beta=1, alpha=1):
     return decomposed(self, mat1, mat2, beta=beta, alpha=alpha)
 
 
+def _gelu(decomposed, x, approximate="none"):
+    """Exact GELU stays whole: the lowerings build it from the normal CDF, an op each
+    backend makes cheap (GELU after a LayerNorm is bound by instructions on GPUs, and
+    erf is most of them); the tanh form decomposes."""
+    if approximate == "none":
+        return NotImplemented
+    return decomposed(x, approximate=approximate)
+
+
 def _core_aten() -> dict:
     """Core-aten decompositions without the CompositeImplicitAutograd entries: those ops
     decompose by themselves while the AOT stage traces, and listing them makes torch
@@ -109,6 +118,7 @@ def decomposition_table() -> dict:
     table[aten.mean.dim] = _mean
     table[aten.addmm.default] = functools.partial(_addmm, table[aten.addmm.default])
     table[aten.mean.default] = _mean_all
+    table[aten.gelu.default] = functools.partial(_gelu, table[aten.gelu.default])
     for packet, fn in ((aten.var_mean, _var_mean), (aten.var, _var), (aten.std, _std), (aten.std_mean, _std_mean)):
         table[packet.correction] = fn
         table[packet.dim] = functools.partial(_unbiased_dim, fn)

@@ -328,7 +328,7 @@ def _lowerable(fake) -> bool:
 
 
 # ops whose recomputation costs more than a load (GELU's backward has two of them)
-_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "tanh", "sigmoid",
+_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "ndtr", "tanh", "sigmoid",
                    "sin", "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh", "lgamma"}
 
 _BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,

@@ -189,6 +189,21 @@ for _name in ("isnan", "isinf", "signbit"):
     register(getattr(aten, _name).default)(unary(_name, bool_out=True))
 
 
+@register(aten.gelu.default)
+def gelu(g, a, approximate="none"):
+    """x * Phi(x), Phi the standard normal CDF ("ndtr"): eager's 0.5*x*(1 + erf(x/sqrt(2)))
+    is the same function; the 1 + erf form loses the negative tail to cancellation."""
+    if approximate != "none":
+        return NotImplemented
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+
+    def fn(idx):
+        x = value_of(a, sizes, cdt, idx)
+        return V.op("mul", x, V.op("ndtr", x, dtype=cdt), dtype=cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
 @register(aten.logical_not.default)
 def logical_not(g, a):
     sizes, dtype, device = out_meta(g)

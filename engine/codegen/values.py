@@ -29,7 +29,7 @@ OPS = {
     "neg": 1, "abs": 1, "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log10": 1,
     "log1p": 1, "sqrt": 1, "rsqrt": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1,
     "atan": 1, "sinh": 1, "cosh": 1, "tanh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
-    "erf": 1, "erfc": 1, "sigmoid": 1, "reciprocal": 1, "floor": 1, "ceil": 1, "round": 1,
+    "erf": 1, "erfc": 1, "ndtr": 1, "sigmoid": 1, "reciprocal": 1, "floor": 1, "ceil": 1, "round": 1,
     "trunc": 1, "sign": 1, "isnan": 1, "isinf": 1, "logical_not": 1, "bitwise_not": 1,
     "relu": 1, "to_dtype": 1, "where": 3, "lgamma": 1, "signbit": 1,
 }

@@ -14,6 +14,8 @@ import sys
 
 import observe
 
+from .cuda_launch import CudaKernel
+from .cuda_launch import Unsupported as CudaUnsupported
 from .heuristics import Config, Shape, candidates, cdiv, heuristic
 
 _modules: dict = {}
@@ -28,21 +30,11 @@ def _pool():
 
 
 def _compile_job(launches, kw):
-    """Compile (no launch) each kernel, and build the C launcher its signature needs
-    (Triton compiles one with the system C compiler per signature, ~0.15 s, then caches
-    it on disk): loading the binary into the CUDA context stays on the launching thread
-    (a worker loading modules beside running kernels is a race we do not take)."""
+    """Compile (no launch) each kernel: loading the binary into the CUDA context stays on
+    the launching thread (a worker loading modules beside running kernels is a race we
+    do not take)."""
     for fn, args, grid in launches:
-        compiled = fn.warmup(*args, grid=grid, **kw)
-        _build_launcher(compiled)
-
-
-def _build_launcher(compiled) -> None:
-    try:
-        from triton.runtime.driver import driver
-        driver.active.launcher_cls(compiled.src, compiled.metadata)
-    except Exception as exc:       # Triton's internals moved: the first launch builds it
-        observe.log("inductor", logging.DEBUG, "triton launcher prebuild skipped: %s", exc)
+        fn.warmup(*args, grid=grid, **kw)
 
 
 def _device_of(args):
@@ -126,17 +118,17 @@ def load_module(source: str, interpret: bool):
 
 
 class DirectLaunch:
-    """Launches a kernel Triton has compiled without going through its JIT dispatch
-    (binding arguments, computing the specialization key, looking up the cache: ~20 us
-    a launch, as much as a small kernel runs; a training step launches dozens). Keyed by
-    what Triton specializes on: each pointer's 16-byte alignment and each integer's
-    ==1, %16 and width; anything else, or a launch hook (a profiler), takes Triton's path."""
+    """Launches kernels past Triton's JIT dispatch (binding arguments, computing the
+    specialization key, looking up the cache: ~20 us a launch, as much as a small kernel
+    runs; a training step launches dozens) and past its C launcher (cuda_launch). Keyed
+    by what Triton specializes on: each pointer's 16-byte alignment and each integer's
+    ==1, %16 and width. A kernel it cannot launch, or a launch hook (a profiler), takes
+    Triton's path."""
 
     def __init__(self, driver, knobs):
         self.driver = driver
         self.knobs = knobs
         self.kernels: dict = {}
-        self.broken = False
         self.hits = 0
 
     @classmethod
@@ -165,36 +157,33 @@ class DirectLaunch:
         rt = self.knobs.runtime
         return any(h is not None and getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
 
-    def launch(self, fn, grid, args, cfg) -> bool:
+    def launch(self, fn, grid, args, kw, cfg) -> bool:
+        """Launch fn our way; False when Triton's dispatch must (and has not yet) run it."""
         spec = self.specialization(args)
-        if spec is None:
+        if spec is None or self._hooked():
             return False
         device = self.driver.get_current_device()
-        hit = self.kernels.get((id(fn), cfg, device, spec))
-        if hit is None or self._hooked():
-            return False
-        compiled, constexprs = hit
-        try:
-            compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, self.driver.get_current_stream(device),
-                         compiled.function, compiled.packed_metadata, None, None, None, *args, *constexprs)
-        except TypeError as exc:     # the launcher's arguments differ in this Triton: stop trying
-            observe.log("inductor", logging.INFO, "direct Triton launch disabled: %s", exc)
-            self.broken = True
-            self.kernels.clear()
-            return False
+        key = (id(fn), cfg, device, spec)
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            if key in self.kernels:
+                return False                 # known to need Triton's launcher
+            kernel = self.kernels[key] = self._load(fn, grid, args, kw, device)
+            if kernel is None:
+                return False
+        kernel(grid, self.driver.get_current_stream(device), args)
         self.hits += 1
         return True
 
-    def remember(self, fn, args, kw, cfg, compiled) -> None:
-        spec = self.specialization(args)
-        if spec is None or compiled is None or self.broken:
-            return
+    def _load(self, fn, grid, args, kw, device):
+        """The binary for these arguments (compiled now, or found in Triton's cache where
+        precompile put it), loaded on the device."""
         try:
-            constexprs = tuple(kw[name] for name in fn.arg_names[len(args):])
-            compiled.run        # loads the binary (the launch just did)
-            self.kernels[(id(fn), cfg, self.driver.get_current_device(), spec)] = (compiled, constexprs)
-        except Exception as exc:
-            observe.log("inductor", logging.DEBUG, "direct launch unavailable for %s: %s", fn, exc)
+            compiled = fn.warmup(*args, grid=grid, **kw)
+            return CudaKernel(compiled, len(args), device, self.driver.utils.load_binary)
+        except (CudaUnsupported, AttributeError, KeyError, TypeError) as exc:   # or another Triton's internals
+            observe.log("inductor", logging.DEBUG, "%s launches through Triton's launcher: %s", fn, exc)
+            return None
 
 
 class Launcher:
@@ -264,11 +253,8 @@ class Launcher:
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
         for fn, grid, a in self._kernels(cfg, args, xnumel):
             a = (*a, xnumel)
-            if self.direct is not None and self.direct.launch(fn, grid, a, cfg):
-                continue
-            compiled = fn[grid](*a, **kw)
-            if self.direct is not None:
-                self.direct.remember(fn, a, kw, cfg, compiled)
+            if self.direct is None or not self.direct.launch(fn, grid, a, kw, cfg):
+                fn[grid](*a, **kw)
 
     # -- max-autotune ------------------------------------------------------------------
     def _cache_path(self, s: Shape) -> str:

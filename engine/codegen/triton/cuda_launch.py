@@ -1,0 +1,97 @@
+"""Launching a kernel Triton compiled, through the CUDA driver API (ctypes), without the C
+launcher Triton builds for each kernel signature with the system C compiler (0.15-0.3 s
+on the first call of every new signature, most of a small graph's cold compile).
+
+The kernel's parameters are its non-constexpr arguments in order (an integer specialized
+as ==1 is a constexpr), then two scratch pointers, null when the kernel needs no scratch.
+A kernel that needs more (scratch memory, clusters, cooperative launch, tensor
+descriptors, float scalars) raises Unsupported and goes through Triton's launcher."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+_INT_TYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+              "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64}
+_libcuda: list = []
+_lock = threading.Lock()
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _cuda():
+    """libcuda's launch entry point, called with the GIL held (PyDLL): a launch fills
+    the kernel's shared parameter slots and calls in one step no other thread splits."""
+    if not _libcuda:
+        with _lock:
+            if not _libcuda:
+                lib = ctypes.PyDLL("libcuda.so.1")
+                launch = lib.cuLaunchKernel
+                launch.restype = ctypes.c_int
+                launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p,
+                                                                             ctypes.c_void_p]
+                err = lib.cuGetErrorString
+                err.restype = ctypes.c_int
+                err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+                _libcuda.append((launch, err))
+    return _libcuda[0]
+
+
+def _error(code: int) -> str:
+    msg = ctypes.c_char_p()
+    _cuda()[1](code, ctypes.byref(msg))
+    return (msg.value or b"unknown error").decode()
+
+
+class CudaKernel:
+    """One compiled kernel, loaded on one device: kernel(grid, stream, args) launches it.
+    `args` are the kernel's runtime arguments (tensors and ints), as Triton's launch takes."""
+
+    def __init__(self, compiled, n_args: int, device: int, load_binary):
+        md = compiled.metadata
+        if (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
+                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
+                or getattr(md, "tensordesc_meta", None)):
+            raise Unsupported("kernel needs scratch memory, clusters or a special launch")
+        signature = compiled.src.signature
+        names = compiled.src.fn.arg_names[:n_args]
+        self.positions, self.slots, self.is_ptr = [], [], []
+        for i, name in enumerate(names):
+            ty = signature[name]
+            if ty == "constexpr":
+                continue
+            if ty.startswith("*"):
+                slot, ptr = ctypes.c_uint64(), True
+            elif ty in _INT_TYPES:
+                slot, ptr = _INT_TYPES[ty](), False
+            else:
+                raise Unsupported(f"argument {name} of type {ty}")
+            self.positions.append(i)
+            self.slots.append(slot)
+            self.is_ptr.append(ptr)
+        self._scratch = (ctypes.c_uint64(0), ctypes.c_uint64(0))
+        addrs = [ctypes.addressof(s) for s in (*self.slots, *self._scratch)]
+        self.params = (ctypes.c_void_p * len(addrs))(*addrs)
+        self.block = 32 * md.num_warps
+        self.shared = md.shared
+        self.name = compiled.name
+        _module, self.function, *_ = load_binary(compiled.name, compiled.kernel, md.shared, device)
+        self._plan = list(zip(self.positions, self.slots, self.is_ptr))
+
+    def fill(self, args) -> None:
+        """Write the launch's arguments into the parameter slots."""
+        for i, slot, ptr in self._plan:
+            a = args[i]
+            slot.value = a.data_ptr() if ptr else a
+
+    def __call__(self, grid, stream, args) -> None:
+        self.fill(args)
+        gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
+        if gx * gy == 0:
+            return
+        code = _cuda()[0](self.function, gx, gy, 1, self.block, 1, 1, self.shared, stream, self.params, None)
+        if code:
+            raise RuntimeError(f"launching Triton kernel {self.name}: CUDA error {code}: {_error(code)}")
