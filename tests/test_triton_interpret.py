@@ -364,7 +364,7 @@ def test_cuda_launch_passes_the_compiled_signature():
     assert loads == [("_axpy", 0)] and kernel.function == 0xF00 and kernel.block == 64
     assert kernel.positions == [0, 1, 2, 3, 5]
     x, y, out = torch.randn(8), torch.randn(8), torch.empty(8)
-    kernel.fill((x, y, out, 8, 1, -3))
+    kernel.fill((x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, 1, -3))
     assert [s.value for s in kernel.slots] == [x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3]
     assert len(kernel.params) == 5 + 2                          # then the two (null) scratch pointers
     floats = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "i32",

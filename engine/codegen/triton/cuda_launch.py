@@ -47,8 +47,9 @@ def _error(code: int) -> str:
 
 
 class CudaKernel:
-    """One compiled kernel, loaded on one device: kernel(grid, stream, args) launches it.
-    `args` are the kernel's runtime arguments (tensors and ints), as Triton's launch takes."""
+    """One compiled kernel, loaded on one device: kernel(grid, stream, values) launches it.
+    `values` are the kernel's runtime arguments as Triton's launch takes them, tensors
+    given as their addresses."""
 
     def __init__(self, compiled, n_args: int, device: int, load_binary):
         md = compiled.metadata
@@ -58,20 +59,19 @@ class CudaKernel:
             raise Unsupported("kernel needs scratch memory, clusters or a special launch")
         signature = compiled.src.signature
         names = compiled.src.fn.arg_names[:n_args]
-        self.positions, self.slots, self.is_ptr = [], [], []
+        self.positions, self.slots = [], []
         for i, name in enumerate(names):
             ty = signature[name]
             if ty == "constexpr":
                 continue
             if ty.startswith("*"):
-                slot, ptr = ctypes.c_uint64(), True
+                slot = ctypes.c_uint64()
             elif ty in _INT_TYPES:
-                slot, ptr = _INT_TYPES[ty](), False
+                slot = _INT_TYPES[ty]()
             else:
                 raise Unsupported(f"argument {name} of type {ty}")
             self.positions.append(i)
             self.slots.append(slot)
-            self.is_ptr.append(ptr)
         self._scratch = (ctypes.c_uint64(0), ctypes.c_uint64(0))
         addrs = [ctypes.addressof(s) for s in (*self.slots, *self._scratch)]
         self.params = (ctypes.c_void_p * len(addrs))(*addrs)
@@ -79,16 +79,15 @@ class CudaKernel:
         self.shared = md.shared
         self.name = compiled.name
         _module, self.function, *_ = load_binary(compiled.name, compiled.kernel, md.shared, device)
-        self._plan = list(zip(self.positions, self.slots, self.is_ptr))
+        self._plan = list(zip(self.positions, self.slots))
 
-    def fill(self, args) -> None:
-        """Write the launch's arguments into the parameter slots."""
-        for i, slot, ptr in self._plan:
-            a = args[i]
-            slot.value = a.data_ptr() if ptr else a
+    def fill(self, values) -> None:
+        """Write the launch's argument values into the parameter slots."""
+        for i, slot in self._plan:
+            slot.value = values[i]
 
-    def __call__(self, grid, stream, args) -> None:
-        self.fill(args)
+    def __call__(self, grid, stream, values) -> None:
+        self.fill(values)
         gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
         if gx * gy == 0:
             return

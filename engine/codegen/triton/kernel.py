@@ -93,7 +93,7 @@ def _ndtr(x):
     # exp2(p(t)) and p is a degree-10 polynomial fitted to log2(Phi(-t)) on [0, 6]
     # (weighted least squares; it keeps falling past 6, so h goes to 0). Error: 1.1e-7
     # absolute (eager's 0.5 * (1 + erf(x / sqrt(2))): 6e-8), 3e-6 relative in the tail,
-    # where eager's loses everything to cancellation; 13 instructions to erf's ~30.
+    # where eager's loses everything to cancellation; ~15 instructions to erf's ~30.
     t = tl.abs(x)
     p = t * -1.5222955e-08 + 5.0266317e-07
     p = p * t - 7.0714004e-06

@@ -141,16 +141,25 @@ class DirectLaunch:
             return None
 
     @staticmethod
-    def specialization(args) -> tuple:
-        key = []
+    def bind(args) -> tuple:
+        """(specialization key, the values a launch passes: tensors as their addresses),
+        or (None, None) for arguments only Triton's dispatch takes."""
+        key, values = [], []
         for a in args:
             if type(a) is int:
                 key.append((a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31))
+                values.append(a)
             elif hasattr(a, "data_ptr"):
-                key.append(a.data_ptr() % 16 == 0)
+                ptr = a.data_ptr()
+                key.append(ptr % 16 == 0)
+                values.append(ptr)
             else:
-                return None
-        return tuple(key)
+                return None, None
+        return tuple(key), values
+
+    @staticmethod
+    def specialization(args) -> tuple:
+        return DirectLaunch.bind(args)[0]
 
     def _hooked(self) -> bool:
         """A launch hook is installed (Triton 3.6 keeps them in chains, empty when none)."""
@@ -159,7 +168,7 @@ class DirectLaunch:
 
     def launch(self, fn, grid, args, kw, cfg) -> bool:
         """Launch fn our way; False when Triton's dispatch must (and has not yet) run it."""
-        spec = self.specialization(args)
+        spec, values = self.bind(args)
         if spec is None or self._hooked():
             return False
         device = self.driver.get_current_device()
@@ -171,7 +180,7 @@ class DirectLaunch:
             kernel = self.kernels[key] = self._load(fn, grid, args, kw, device)
             if kernel is None:
                 return False
-        kernel(grid, self.driver.get_current_stream(device), args)
+        kernel(grid, self.driver.get_current_stream(device), values)
         self.hits += 1
         return True
 
