@@ -136,6 +136,51 @@ def test_direct_launch_respects_alignment(monkeypatch):
     assert sum(h for _, h in new) == 4          # every call launched directly
 
 
+def _launchers():
+    import gc
+
+    from engine.codegen.triton.launcher import Launcher
+    return [o for o in gc.get_objects() if isinstance(o, Launcher) and o.direct is not None]
+
+
+@pytest.mark.parametrize("workers", [4, 0])
+def test_first_call_compiles_kernels_in_workers_or_threads(monkeypatch, workers):
+    # a training step's kernels (forward and backward) compile on each graph's first call:
+    # in worker processes, so this process's Triton never compiles one; or, with no
+    # workers, with Triton's JIT on threads. Results are eager's either way.
+    import triton.compiler
+
+    from engine.codegen.triton.launcher import compile_workers
+
+    jit_compiles = []
+    real_compile = triton.compiler.compile
+    monkeypatch.setattr(triton.compiler, "compile", lambda *a, **kw: jit_compiles.append(1) or real_compile(*a, **kw))
+    seen = {id(launcher) for launcher in _launchers()}
+    width = 160 + workers       # graphs (forward and backward) no other test compiled
+    model = torch.nn.Sequential(torch.nn.Linear(96, width), torch.nn.GELU(), torch.nn.LayerNorm(width)).to(DEV)
+    x = torch.randn(48, 96, device=DEV)
+    scale = 0.5
+    with engine.config.patch(triton_compile_workers=workers):
+        if workers:     # they start on the first CUDA graph; jobs go to them once one is ready
+            assert compile_workers().ready.wait(60)
+        out = engine.compile(lambda t: model(t * scale).softmax(-1))(x)
+        out.square().sum().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = model(x * scale).softmax(-1)
+    want.square().sum().backward()
+    assert_close(out, want, 1e-5)
+    for got, p in zip(want_grads, model.parameters()):
+        assert_close(got, p.grad, 1e-4)
+    new = [launcher.direct for launcher in _launchers() if id(launcher) not in seen]
+    assert sum(d.hits for d in new) >= 4                    # forward and backward kernels ran
+    if workers:
+        assert sum(d.from_workers for d in new) == sum(len(d.kernels) for d in new) >= 4
+        assert jit_compiles == []
+    else:
+        assert sum(d.from_workers for d in new) == 0 and len(jit_compiles) == sum(len(d.kernels) for d in new) >= 4
+
+
 def test_libdevice_math_and_integers():
     x = torch.randn(4099, device=DEV)
     check(lambda t: (t.tanh(), t.erfc(), torch.pow(t.abs() + 1, t), t.expm1(), t.log1p().nan_to_num(), t.round(),

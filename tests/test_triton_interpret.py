@@ -346,7 +346,7 @@ def test_cuda_launch_passes_the_compiled_signature():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine.codegen.triton.cuda_launch import CudaKernel, Unsupported
+    from engine.codegen.triton.cuda_launch import CudaKernel, KernelBinary, Unsupported
 
     def compile_for_h100(signature, constexprs):
         return triton.compile(ASTSource(_axpy, signature, constexprs), target=GPUTarget("cuda", 90, 32),
@@ -360,7 +360,7 @@ def test_cuda_launch_passes_the_compiled_signature():
 
     compiled = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "constexpr",
                                  "alpha": "i64", "BLOCK": "constexpr"}, {"stride": 1, "BLOCK": 128})
-    kernel = CudaKernel(compiled, 6, 0, load_binary)
+    kernel = CudaKernel(KernelBinary.of(compiled), 6, 0, load_binary)
     assert loads == [("_axpy", 0)] and kernel.function == 0xF00 and kernel.block == 64
     assert kernel.positions == [0, 1, 2, 3, 5]
     x, y, out = torch.randn(8), torch.randn(8), torch.empty(8)
@@ -370,7 +370,51 @@ def test_cuda_launch_passes_the_compiled_signature():
     floats = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "i32",
                                "alpha": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 128})
     with pytest.raises(Unsupported, match="alpha"):             # a float scalar: Triton's launcher
-        CudaKernel(floats, 6, 0, load_binary)
+        CudaKernel(KernelBinary.of(floats), 6, 0, load_binary)
+
+
+_SCALE_KERNEL = """
+@triton.jit
+def scale(x, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.load(x + i, i < n) * 3, i < n)
+"""
+
+
+def test_compile_worker_process_returns_the_binary_triton_compiles():
+    # a kernel module as the launcher writes it, compiled for an H100 in a worker process
+    # (no GPU here): the same binary Triton's compile gives in this process, with the
+    # metadata our launcher needs; a kernel that does not compile fails its Future only
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton.compile_worker import CompileFailed, WorkerPool
+    from engine.codegen.triton.cuda_launch import CudaKernel, KernelBinary
+    from engine.codegen.triton.kernel import module_prelude
+    from engine.codegen.triton.launcher import load_module
+
+    mod = load_module(module_prelude(False) + _SCALE_KERNEL, interpret=False)
+    signature = {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    job = {"path": mod.__file__, "fn": "scale", "signature": signature, "constexprs": {(3,): 256},
+           "attrs": {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+           "options": {"num_warps": 2}, "target": ("cuda", 90, 32)}
+    pool = WorkerPool(2, 90)
+    try:
+        ok = pool.submit(job)
+        bad = pool.submit(dict(job, fn="no_such_kernel"))
+        result = ok.result(timeout=120)
+        with pytest.raises(CompileFailed, match="no_such_kernel"):
+            bad.result(timeout=120)
+        assert pool.submit(job).result(timeout=120)["binary"] == result["binary"]   # the worker lives on
+    finally:
+        pool.close()
+    here = triton.compile(ASTSource(mod.scale, signature, {(3,): 256}, job["attrs"]),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    assert result["name"] == "scale" and result["binary"] == here.kernel
+    assert result["metadata"]["num_warps"] == 2 and result["metadata"]["shared"] == here.metadata.shared
+    kernel = CudaKernel(KernelBinary(result["name"], result["binary"], signature, mod.scale.arg_names,
+                                     result["metadata"]), 3, 0, lambda *a: (None, 0xF00, 0, 0, 0))
+    assert kernel.positions == [0, 1, 2] and kernel.block == 64
 
 
 # -- through engine.compile (capture, AOT, the inductor backend's Triton path) ---------------

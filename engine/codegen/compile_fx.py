@@ -145,8 +145,9 @@ def finish(gm, g, sched, module, out_spec, wrapper_src, n_kernels: int, artifact
 
 
 def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
-    key, g, sched, ir_pre = lower_and_schedule(gm, example_inputs)
     from . import triton as triton_codegen
+    triton_codegen.start_workers(example_inputs)
+    key, g, sched, ir_pre = lower_and_schedule(gm, example_inputs)
     if triton_codegen.wanted(g):     # CUDA tensors (or config.triton_interpret): the Triton emitter
         return triton_codegen.compile_triton(gm, g, sched, out_spec, key, ir_pre)
 

@@ -6,7 +6,6 @@ their outputs, as the scheduler fused them)."""
 from __future__ import annotations
 
 import hashlib
-import os
 
 import observe
 
@@ -16,6 +15,7 @@ from .. import values as V
 from ..scheduler import FusedKernel
 from ..wrapper import _extern_call, call_body, empty_strided_line, pyexpr
 from .kernel import Unsupported, module_prelude, render_kernel
+from .launcher import compile_workers, precompile_graph
 
 
 def wanted(g) -> bool:
@@ -25,6 +25,29 @@ def wanted(g) -> bool:
     if "cuda" in devices:
         return True
     return bool(getattr(config, "triton_interpret", False)) and devices <= {"cpu"}
+
+
+def start_workers(example_inputs) -> None:
+    """Start the compile worker processes when a graph of CUDA tensors comes in, so they
+    load Triton while it lowers (they compile its kernels on its first call)."""
+    if config.triton_precompile and any(getattr(a, "is_cuda", False) for a in example_inputs):
+        compile_workers()
+
+
+def _precompile_early(module, example_inputs) -> None:
+    """Start compiling a static graph's kernels in the worker processes now, not on its
+    first call: a training graph's forward kernels compile while its backward graph
+    lowers, and its backward kernels while the forward runs. The inputs' stand-ins are
+    meta tensors of their sizes, strides and dtypes (a launch specializes on a pointer's
+    16-byte alignment: a real input not aligned so compiles its own binary then)."""
+    import torch
+
+    workers = compile_workers()
+    if workers is None or not workers.ready.is_set():
+        return
+    stand_ins = [torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
+                 if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    precompile_graph(module._precompile, stand_ins, early=True)
 
 
 def _check_devices(fk: FusedKernel, layouts: dict, interpret: bool):
@@ -59,6 +82,8 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
         kernel_src = module_prelude(interpret) + "\n\n".join(k.source for k in kernels.values())
         wrapper_src = generate(g, sched, kernel_src, kernels, key, interpret, autotune)
     module = load_wrapper(wrapper_src, key, g)   # loads the kernels
+    if hasattr(module, "_precompile") and not g.sym_bindings:
+        _precompile_early(module, g.example_inputs)
     artifacts = {
         "fx_graph_transformed.py": gm.print_readable(print_output=False),
         "ir_pre_fusion.txt": ir_pre + "\n",
@@ -104,16 +129,17 @@ def generate(g, sched, kernel_src: str, kernels: dict, graph_key: str, interpret
     for name in g.constants:
         lines.append(f"{name} = None  # set by the loader: a constant tensor of the graph")
     lines.append("")
-    precompile = (bool(kernels) and not interpret and not autotune
-                  and os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0")
+    precompile = bool(kernels) and not interpret and not autotune and config.triton_precompile
     if precompile:
         lines.append("_first_call = [True]")
         lines.append("")
-        lines.append("def _precompile(args):")
-        lines.append('    """Compile every kernel of the graph side by side (no launch, externs not run)."""')
+        lines.append("def _precompile(args, early=False):")
+        lines.append('    """Compile every kernel of the graph side by side (no launch, externs not run); early:')
+        lines.append('    at codegen, with stand-ins for the inputs: start worker compiles only, wait for none."""')
         lines.append("    _jobs = []")
         lines.extend("    " + ln for ln in _body(g, sched, kernels, precompile=True))
-        lines.append("    wait_precompiled(_jobs)")
+        lines.append("    if not early:")
+        lines.append("        wait_precompiled(_jobs)")
         lines.append("")
     lines.append("def call(args):")
     if precompile:
@@ -133,7 +159,7 @@ def _body(g, sched, kernels, precompile: bool) -> list:
         if ks.kind == "reduction":
             argv.append(f"rnumel={pyexpr(ks.rnumel)}")
         if precompile:
-            return [f"_jobs.append({step.name}.precompile({', '.join(argv)}))"]
+            return [f"_jobs.extend({step.name}.precompile({', '.join(argv)}, early=early))"]
         return [f"{step.name}({', '.join(argv)})"]
 
     def step_call(step):

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
+
+from .compile_worker import METADATA
 
 _INT_TYPES = {"i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
               "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64}
@@ -46,22 +49,35 @@ def _error(code: int) -> str:
     return (msg.value or b"unknown error").decode()
 
 
+@dataclass
+class KernelBinary:
+    """A compiled kernel as a launch needs it: from Triton's JIT (`of`), or from a compile
+    worker's reply (compile_worker.compile_job)."""
+    name: str
+    binary: bytes
+    signature: dict          # argument name -> Triton type: "*bf16", "i32", "constexpr", ...
+    arg_names: list
+    metadata: dict           # compile_worker.METADATA
+
+    @classmethod
+    def of(cls, compiled) -> "KernelBinary":
+        return cls(compiled.name, compiled.kernel, compiled.src.signature, compiled.src.fn.arg_names,
+                   {k: getattr(compiled.metadata, k, None) for k in METADATA})
+
+
 class CudaKernel:
     """One compiled kernel, loaded on one device: kernel(grid, stream, values) launches it.
     `values` are the kernel's runtime arguments as Triton's launch takes them, tensors
     given as their addresses."""
 
-    def __init__(self, compiled, n_args: int, device: int, load_binary):
-        md = compiled.metadata
-        if (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
-                or getattr(md, "launch_cooperative_grid", False) or getattr(md, "launch_pdl", False)
-                or getattr(md, "tensordesc_meta", None)):
+    def __init__(self, kb: KernelBinary, n_args: int, device: int, load_binary):
+        md = kb.metadata
+        if (md["global_scratch_size"] or md["profile_scratch_size"] or (md["num_ctas"] or 1) != 1
+                or md["launch_cooperative_grid"] or md["launch_pdl"] or md["tensordesc_meta"]):
             raise Unsupported("kernel needs scratch memory, clusters or a special launch")
-        signature = compiled.src.signature
-        names = compiled.src.fn.arg_names[:n_args]
         self.positions, self.slots = [], []
-        for i, name in enumerate(names):
-            ty = signature[name]
+        for i, name in enumerate(kb.arg_names[:n_args]):
+            ty = kb.signature[name]
             if ty == "constexpr":
                 continue
             if ty.startswith("*"):
@@ -75,10 +91,10 @@ class CudaKernel:
         self._scratch = (ctypes.c_uint64(0), ctypes.c_uint64(0))
         addrs = [ctypes.addressof(s) for s in (*self.slots, *self._scratch)]
         self.params = (ctypes.c_void_p * len(addrs))(*addrs)
-        self.block = 32 * md.num_warps
-        self.shared = md.shared
-        self.name = compiled.name
-        _module, self.function, *_ = load_binary(compiled.name, compiled.kernel, md.shared, device)
+        self.block = 32 * md["num_warps"]
+        self.shared = md["shared"]
+        self.name = kb.name
+        _module, self.function, *_ = load_binary(kb.name, kb.binary, self.shared, device)
         self._plan = list(zip(self.positions, self.slots))
 
     def fill(self, values) -> None:

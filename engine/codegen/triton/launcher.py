@@ -14,7 +14,10 @@ import sys
 
 import observe
 
-from .cuda_launch import CudaKernel
+from engine import config
+
+from . import compile_worker
+from .cuda_launch import CudaKernel, KernelBinary
 from .cuda_launch import Unsupported as CudaUnsupported
 from .heuristics import Config, Shape, candidates, cdiv, heuristic
 
@@ -22,19 +25,32 @@ _modules: dict = {}
 _executor = []
 
 
-def _pool():
+def _threads():
     if not _executor:
         from concurrent.futures import ThreadPoolExecutor
         _executor.append(ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2))), thread_name_prefix="triton-compile"))
     return _executor[0]
 
 
-def _compile_job(launches, kw):
-    """Compile (no launch) each kernel: loading the binary into the CUDA context stays on
-    the launching thread (a worker loading modules beside running kernels is a race we
-    do not take)."""
-    for fn, args, grid in launches:
-        fn.warmup(*args, grid=grid, **kw)
+def _warmup_job(fn, args, grid, kw):
+    """Compile (no launch) with Triton's JIT on a thread: loading the binary into the CUDA
+    context stays on the launching thread (a worker loading modules beside running
+    kernels is a race we do not take)."""
+    fn.warmup(*args, grid=grid, **kw)
+
+
+def compile_workers():
+    """The worker processes that compile this GPU's kernels (started on the first call:
+    compile_fx starts them when a CUDA graph comes in, so they load Triton while it
+    lowers), or None when config.triton_compile_workers is 0 or there is no GPU."""
+    if config.triton_compile_workers <= 0:
+        return None
+    try:
+        from triton.runtime.driver import driver
+        arch = driver.active.get_current_target().arch
+    except Exception:
+        return None
+    return compile_worker.pool(config.triton_compile_workers, arch)
 
 
 def _device_of(args):
@@ -45,18 +61,20 @@ _sms: dict = {}
 
 
 def _sm_count(device) -> int:
+    import torch
+    if device is None or device.type != "cuda":      # precompile's meta stand-ins: the current GPU
+        device = torch.device("cuda", torch.cuda.current_device())
     if device not in _sms:
-        import torch
         _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return _sms[device]
 
 
-def precompile_graph(fn, args) -> None:
+def precompile_graph(fn, args, early: bool = False) -> None:
     """Run a wrapper's _precompile; it is only an optimization, so a failure is logged and
     the kernels compile at their first launch instead."""
     try:
         with observe.stage("triton_precompile"):
-            fn(args)
+            fn(args, early=early)
     except Exception as exc:
         observe.log("inductor", logging.DEBUG, "triton precompile skipped: %s: %s", type(exc).__name__, exc)
 
@@ -129,7 +147,9 @@ class DirectLaunch:
         self.driver = driver
         self.knobs = knobs
         self.kernels: dict = {}
+        self.compiling: dict = {}    # key -> (Future of a worker's compile, its signature, arg names)
         self.hits = 0
+        self.from_workers = 0        # kernels loaded from a worker process's binary
 
     @classmethod
     def create(cls):
@@ -177,19 +197,64 @@ class DirectLaunch:
         if kernel is None:
             if key in self.kernels:
                 return False                 # known to need Triton's launcher
-            kernel = self.kernels[key] = self._load(fn, grid, args, kw, device)
+            kernel = self.kernels[key] = self._load(fn, grid, args, kw, device, key)
             if kernel is None:
                 return False
         kernel(grid, self.driver.get_current_stream(device), values)
         self.hits += 1
         return True
 
-    def _load(self, fn, grid, args, kw, device):
-        """The binary for these arguments (compiled now, or found in Triton's cache where
-        precompile put it), loaded on the device."""
+    def compile_in(self, workers, fn, args, kw, cfg):
+        """Start compiling, in a worker process, the binary a launch of fn with these
+        arguments will load; returns the Future, or None when the arguments or this Triton
+        do not allow it (the launch then compiles with Triton's JIT)."""
+        spec = self.bind(args)[0]
+        device = self.driver.get_current_device()
+        key = (id(fn), cfg, device, spec)
+        if key in self.compiling:
+            return self.compiling[key][0]
+        if spec is None or key in self.kernels:
+            return None
+        try:
+            job = self._job(fn, args, kw, device)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:   # another Triton's internals
+            observe.log("inductor", logging.DEBUG, "%s compiles in this process: %s", fn, exc)
+            return None
+        future = workers.submit(job)
+        self.compiling[key] = (future, job["signature"], fn.arg_names)
+        return future
+
+    def _job(self, fn, args, kw, device) -> dict:
+        """What Triton's JIT would compile for these arguments: its run() up to the compile."""
+        kw = dict(kw, debug=kw.get("debug", fn.debug) or self.knobs.runtime.debug,
+                  instrumentation_mode=self.knobs.compilation.instrumentation_mode)
+        _cache, _keys, target, backend, binder = fn.device_caches[device]
+        bound, specialization, options = binder(*args, **kw)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, specialization, options)
+        return {"path": sys.modules[fn.module].__file__, "fn": fn.__name__, "signature": signature,
+                "constexprs": constexprs, "attrs": attrs, "options": options.__dict__,
+                "target": (target.backend, target.arch, target.warp_size), "cache_dir": self.knobs.cache.dir}
+
+    def _load(self, fn, grid, args, kw, device, key):
+        """The binary for these arguments (a worker's, or compiled now by Triton's JIT, or
+        found in its cache where a precompile thread put it), loaded on the device."""
+        load = self.driver.utils.load_binary
+        if key in self.compiling:
+            future, signature, arg_names = self.compiling.pop(key)
+            try:
+                r = future.result()
+                kernel = CudaKernel(KernelBinary(r["name"], r["binary"], signature, arg_names, r["metadata"]),
+                                    len(args), device, load)
+                self.from_workers += 1
+                return kernel
+            except CudaUnsupported as exc:
+                observe.log("inductor", logging.DEBUG, "%s launches through Triton's launcher: %s", fn, exc)
+                return None
+            except Exception as exc:     # CompileFailed, or a binary that does not load: Triton's JIT
+                observe.log("inductor", logging.DEBUG, "%s: the compile worker's binary is not used: %s", fn, exc)
         try:
             compiled = fn.warmup(*args, grid=grid, **kw)
-            return CudaKernel(compiled, len(args), device, self.driver.utils.load_binary)
+            return CudaKernel(KernelBinary.of(compiled), len(args), device, load)
         except (CudaUnsupported, AttributeError, KeyError, TypeError) as exc:   # or another Triton's internals
             observe.log("inductor", logging.DEBUG, "%s launches through Triton's launcher: %s", fn, exc)
             return None
@@ -237,16 +302,31 @@ class Launcher:
         cfg = self.config_for(args, xnumel, rnumel)
         self._launch(cfg, args, xnumel)
 
-    def precompile(self, *args, xnumel, rnumel=1):
-        """Compile (no launch) the binaries the first call will need, on a worker thread:
-        Triton's LLVM and ptxas steps run outside the GIL, so those of a graph's kernels
-        overlap (its Python front end does not)."""
+    def precompile(self, *args, xnumel, rnumel=1, early=False) -> list:
+        """Start compiling (no launch) the binaries the first call will need; returns their
+        Futures. In worker processes (compile_worker) when there are any: a graph's
+        kernels then compile side by side. Else on threads with Triton's JIT, where only
+        ptxas runs outside the GIL; but not `early` (at codegen, beside the compiler's own
+        work on this thread)."""
         if self.autotune or self.interpret or xnumel == 0:
-            return None
+            return []
         cfg = self.config_for(args, xnumel, rnumel)
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
-        return _pool().submit(_compile_job, [(fn, (*a, xnumel), grid) for fn, grid, a in self._kernels(cfg, args, xnumel)],
-                              kw)
+        workers = compile_workers() if self.direct is not None else None
+        if workers is not None and not workers.ready.is_set():
+            workers = None      # still starting (~0.5 s): this process compiles sooner
+        futures = []
+        for fn, grid, a in self._kernels(cfg, args, xnumel):
+            a = (*a, xnumel)
+            future = self.direct.compile_in(workers, fn, a, kw, cfg) if workers is not None else None
+            if future is None and not early and not self._loaded(fn, a, cfg):
+                future = _threads().submit(_warmup_job, fn, a, grid, kw)
+            futures.append(future)
+        return futures
+
+    def _loaded(self, fn, args, cfg) -> bool:
+        d = self.direct
+        return d is not None and (id(fn), cfg, d.driver.get_current_device(), d.bind(args)[0]) in d.kernels
 
     def _kernels(self, cfg: Config, args, xnumel):
         """(kernel, grid, args) of one launch: one kernel, or a split reduction's two
