@@ -254,3 +254,19 @@ def test_config_knobs_change_the_default_policy():
             x = torch.randn(n, 3)
             assert same(f(x), double(x))
         assert len(entries(double)) == 1
+
+
+def test_the_inductor_backend_compiles_the_recompiled_graph_for_each_new_size():
+    # after the recompile the captured graph takes x.shape[-1] as an input; each AOT
+    # entry is traced for concrete sizes and bakes it in: the unused input must not send
+    # the graph to its aten ops
+    def layer_norm_gelu(x, w, b):
+        return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b))
+
+    f = engine.compile(layer_norm_gelu)
+    with logs("perf_hints") as hints:
+        for rows, cols in ((16, 128), (8, 64), (4, 32)):
+            x, w, b = torch.randn(rows, cols), torch.randn(cols), torch.randn(cols)
+            torch.testing.assert_close(f(x, w, b), layer_norm_gelu(x, w, b), rtol=1e-5, atol=1e-5)
+    assert len(entries(layer_norm_gelu)) == 2
+    assert not any("runs uncompiled" in h for h in hints), hints

@@ -111,6 +111,10 @@ class GraphLowering:
             self.inputs.append(InputBuffer(name, layout, i))
             self.buffer_layouts[name] = layout
             return strided_value(name, layout)
+        if not node.users:
+            # An unused scalar input: a size the captured graph takes (automatic dynamic
+            # shapes) that this graph, traced for concrete sizes, has baked in.
+            return None
         if isinstance(ex, torch.SymInt):
             expr = ex.node.expr
             if isinstance(expr, sympy.Symbol):
