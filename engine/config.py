@@ -37,8 +37,9 @@ cache_dir: str | None = os.environ.get("ENGINE_CACHE_DIR") or os.environ.get("TO
 # machines without a GPU, emit Triton for CPU tensors and run it under TRITON_INTERPRET.
 max_autotune: bool = os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE", "0") == "1"
 triton_interpret: bool = False
-# Compile a graph's Triton kernels on its first call, side by side, before launching any:
-# in this many worker processes (0: on threads, where Triton's front end holds the GIL).
+# Compile a graph's Triton kernels side by side before launching any (a static graph's
+# from its codegen on, others on their first call): in this many worker processes (0: on
+# threads, where Triton's front end holds the GIL).
 triton_precompile: bool = os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0"
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
 

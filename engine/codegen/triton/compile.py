@@ -29,7 +29,7 @@ def wanted(g) -> bool:
 
 def start_workers(example_inputs) -> None:
     """Start the compile worker processes when a graph of CUDA tensors comes in, so they
-    load Triton while it lowers (they compile its kernels on its first call)."""
+    load Triton while it lowers."""
     if config.triton_precompile and any(getattr(a, "is_cuda", False) for a in example_inputs):
         compile_workers()
 

@@ -106,7 +106,11 @@ def _warm_up(arch: int) -> None:
 
 def serve(arch: str) -> None:
     """The worker's loop: a job in on stdin, its result (or error text) out. Anything else
-    written to stdout goes to stderr, so it cannot corrupt the replies."""
+    written to stdout goes to stderr, so it cannot corrupt the replies. Ctrl-C is the
+    launching process's to handle: a worker ends when its stdin closes."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     requests = sys.stdin.buffer
@@ -122,7 +126,7 @@ def serve(arch: str) -> None:
             return
         try:
             reply = {"ok": True, "result": compile_job(job)}
-        except BaseException as exc:   # reported to the launching process; the worker goes on
+        except Exception as exc:       # reported to the launching process; the worker goes on
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         _send(replies, reply)
 
@@ -206,4 +210,3 @@ def pool(size: int, arch: int) -> WorkerPool | None:
         if arch not in _pools:
             _pools[arch] = WorkerPool(size, arch)
         return _pools[arch]
-

@@ -192,7 +192,7 @@ class DirectLaunch:
         if spec is None or self._hooked():
             return False
         device = self.driver.get_current_device()
-        key = (id(fn), cfg, device, spec)
+        key = self._key(fn, cfg, device, spec)
         kernel = self.kernels.get(key)
         if kernel is None:
             if key in self.kernels:
@@ -210,7 +210,7 @@ class DirectLaunch:
         do not allow it (the launch then compiles with Triton's JIT)."""
         spec = self.bind(args)[0]
         device = self.driver.get_current_device()
-        key = (id(fn), cfg, device, spec)
+        key = self._key(fn, cfg, device, spec)
         if key in self.compiling:
             return self.compiling[key][0]
         if spec is None or key in self.kernels:
@@ -223,6 +223,14 @@ class DirectLaunch:
         future = workers.submit(job)
         self.compiling[key] = (future, job["signature"], fn.arg_names)
         return future
+
+    @staticmethod
+    def _key(fn, cfg, device, spec) -> tuple:
+        return id(fn), cfg, device, spec
+
+    def loaded(self, fn, args, cfg) -> bool:
+        """Whether the binary for this launch is loaded already."""
+        return self._key(fn, cfg, self.driver.get_current_device(), self.bind(args)[0]) in self.kernels
 
     def _job(self, fn, args, kw, device) -> dict:
         """What Triton's JIT would compile for these arguments: its run() up to the compile."""
@@ -319,14 +327,10 @@ class Launcher:
         for fn, grid, a in self._kernels(cfg, args, xnumel):
             a = (*a, xnumel)
             future = self.direct.compile_in(workers, fn, a, kw, cfg) if workers is not None else None
-            if future is None and not early and not self._loaded(fn, a, cfg):
+            if future is None and not early and not (self.direct is not None and self.direct.loaded(fn, a, cfg)):
                 future = _threads().submit(_warmup_job, fn, a, grid, kw)
             futures.append(future)
         return futures
-
-    def _loaded(self, fn, args, cfg) -> bool:
-        d = self.direct
-        return d is not None and (id(fn), cfg, d.driver.get_current_device(), d.bind(args)[0]) in d.kernels
 
     def _kernels(self, cfg: Config, args, xnumel):
         """(kernel, grid, args) of one launch: one kernel, or a split reduction's two
