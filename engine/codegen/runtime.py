@@ -26,6 +26,13 @@ def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def meta_empty_strided(size: tuple, stride: tuple, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """A buffer of Triton's precompile pass, which allocates nothing: a kernel specializes
+    on its pointers' 16-byte alignment, which every fresh allocation has (a meta tensor's
+    address is 0), and on the dtype."""
+    return torch.empty_strided(size, stride, dtype=dtype, device="meta")
+
+
 class LayoutMismatch(Exception):
     """An input's strides differ from the ones the kernels were generated for."""
 
