@@ -381,10 +381,11 @@ def scale(x, out, n, BLOCK: tl.constexpr):
 """
 
 
-def test_compile_worker_process_returns_the_binary_triton_compiles():
+def test_compile_worker_process_returns_the_binary_triton_compiles(tmp_path):
     # a kernel module as the launcher writes it, compiled for an H100 in a worker process
     # (no GPU here): the same binary Triton's compile gives in this process, with the
-    # metadata our launcher needs; a kernel that does not compile fails its Future only
+    # metadata our launcher needs; a kernel that does not compile, or a worker that dies,
+    # fails that job's Future only
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -398,7 +399,9 @@ def test_compile_worker_process_returns_the_binary_triton_compiles():
     job = {"path": mod.__file__, "fn": "scale", "signature": signature, "constexprs": {(3,): 256},
            "attrs": {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
            "options": {"num_warps": 2}, "target": ("cuda", 90, 32)}
-    pool = WorkerPool(2, 90)
+    crash = tmp_path / "crash.py"            # a module that kills the worker process loading it
+    crash.write_text("import os\nos._exit(3)\n")
+    pool = WorkerPool(1, 90)
     try:
         ok = pool.submit(job)
         bad = pool.submit(dict(job, fn="no_such_kernel"))
@@ -406,6 +409,9 @@ def test_compile_worker_process_returns_the_binary_triton_compiles():
         with pytest.raises(CompileFailed, match="no_such_kernel"):
             bad.result(timeout=120)
         assert pool.submit(job).result(timeout=120)["binary"] == result["binary"]   # the worker lives on
+        with pytest.raises(CompileFailed, match="died"):
+            pool.submit(dict(job, path=str(crash))).result(timeout=120)
+        assert pool.submit(job).result(timeout=120)["binary"] == result["binary"]   # a new worker took over
     finally:
         pool.close()
     here = triton.compile(ASTSource(mod.scale, signature, {(3,): 256}, job["attrs"]),
