@@ -86,9 +86,10 @@ def test_a_value_an_extern_kernel_needs_is_stored_once_for_every_user():
 
 
 def test_refused_fusion_says_why():
-    # a reduction over dim 0 and a row-wise consumer do not share a loop structure
+    # a reduction over dim 0 and a row-wise consumer do not share a loop structure;
+    # positive input, so no column sum is near zero and the division stays well conditioned
     with Capture(logs=["fusion"]) as cap:
-        check(lambda x: x / x.sum(0) + x.sum(1, keepdim=True), X, rtol=1e-4)
+        check(lambda x: x / x.sum(0) + x.sum(1, keepdim=True), X.abs() + 1)
     refused = [f for f in cap.texts(log="fusion") if f.startswith("refused")]
     assert refused and all("(" in f and ":" in f for f in refused)
 
