@@ -17,7 +17,7 @@ import torch
 import observe
 
 from .. import config
-from . import numpy_ops, runtime
+from . import numpy_ops, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
@@ -27,10 +27,6 @@ from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionV
                         GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable, ObjectVariable,
                         SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable)
 
-import os as _os
-
-_ENGINE_DIRS = tuple(_os.path.join(_os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))), d)
-                     + _os.sep for d in ("engine", "observe"))
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
 
@@ -83,13 +79,15 @@ def call_python_function(tx, fn, args, kwargs, source):
         return defer_logging_call(tx, fn, args, kwargs)
     if fn in api._ALLOWED:
         return call_torch_op(tx, fn, args, kwargs)
-    if fn.__code__.co_filename.startswith(_ENGINE_DIRS):
+    if fn.__code__.co_filename.startswith(skipfiles.ENGINE_DIRS):
         raise GraphBreak("GB0013", f"engine internals ({fn.__qualname__})")
     if is_torch_op(fn):
         return call_torch_op(tx, fn, args, kwargs)
     special = SPECIAL_FUNCTIONS.get(fn)
     if special is not None:
         return special(tx, args, kwargs)
+    if (_module_of(fn), fn.__qualname__) in _OLD_IS_COMPILING:
+        return ConstantVariable(True)  # torch._dynamo.is_compiling(), which libraries still call
     if _is_torch(fn) and not _inlinable_torch(fn):
         raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
     mod = _module_of(fn).split(".")[0]
@@ -99,6 +97,11 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn.__code__.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
         raise GraphBreak("GB0011", "coroutine")
     return inline_user_function(tx, fn, args, kwargs, source)
+
+
+# by name: importing torch._dynamo to look them up is what the engine must not do
+_OLD_IS_COMPILING = {("torch._dynamo.external_utils", "is_compiling"), ("torch._dynamo", "is_compiling"),
+                     ("torch._dynamo.eval_frame", "is_compiling")}
 
 
 def defer_logging_call(tx, fn, args, kwargs):
@@ -392,16 +395,23 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
         raise GraphBreak("GB0013", f"construction of {cls.__module__}.{cls.__qualname__}")
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         raise GraphBreak("GB0013", f"creating an nn.Module ({cls.__name__}) inside the compiled region")
-    if cls.__module__ == "builtins" or type(cls) is not type and not dataclasses.is_dataclass(cls):
+    # a metaclass that does not change how instances are made (ABCMeta) builds them as type does
+    if cls.__module__ == "builtins" or type(cls).__call__ is not type.__call__ and not dataclasses.is_dataclass(cls):
         if all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values()) \
                 and cls.__module__ in ("builtins",) + PURE_MODULES:
             return tx.const_apply(cls, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
         raise GraphBreak("GB0013", f"construction of {cls.__qualname__}")
-    if cls.__new__ is not object.__new__ or getattr(cls, "__slots__", None) is not None and \
+    is_dict = issubclass(cls, dict) and cls.__new__ is dict.__new__
+    if (cls.__new__ is not object.__new__ and not is_dict) or not cls.__dictoffset__ and \
             not dataclasses.is_dataclass(cls):
         raise GraphBreak("GB0013", f"class {cls.__qualname__} with a custom __new__ or __slots__")
     obj = ObjectVariable(None, cls=cls, is_new=True)
     init = cls.__init__
+    if is_dict:
+        obj.dict_vt = DictVariable({})
+        if init in (dict.__init__, collections.OrderedDict.__init__):
+            obj.dict_vt.items = bi_dict(tx, args, kwargs).items
+            return obj
     if init is not object.__init__:
         if not isinstance(init, types.FunctionType):
             raise GraphBreak("GB0013", f"{cls.__qualname__}.__init__ is not Python")
@@ -448,6 +458,8 @@ def bi_len(tx, args, kwargs):
         meth = getattr(v.cls, "__len__", None)
         if isinstance(meth, types.FunctionType):
             return tx.inline_function(meth, [v], {}, None)
+        if v.dict_vt is not None:
+            return ConstantVariable(len(v.dict_vt.items))
     raise GraphBreak("GB0011", f"len() of {type(v).__name__}")
 
 
@@ -927,10 +939,12 @@ def _state_queries():
         overrides.has_torch_function_unary: _has_torch_function,
         overrides.has_torch_function_variadic: _has_torch_function,
     }
-    for name in ("is_compiling", "is_dynamo_compiling"):
+    for name, value in (("is_compiling", True), ("is_dynamo_compiling", True), ("is_exporting", False)):
         fn = getattr(torch.compiler, name, None)
         if fn is not None:
-            table[fn] = _fixed(True)  # as under torch.compile: code may take its compile-friendly path
+            table[fn] = _fixed(value)  # as under torch.compile: code may take its compile-friendly path
+    if hasattr(torch._utils, "is_compiling"):
+        table[torch._utils.is_compiling] = _fixed(True)
     for name in ("is_autocast_cpu_enabled", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype"):
         fn = getattr(torch, name, None)
         if fn is not None:

@@ -10,6 +10,7 @@ mutation never changes what another output reads."""
 
 from __future__ import annotations
 
+import collections
 import math
 import types
 from typing import Any
@@ -26,8 +27,16 @@ from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, Dic
                         VariableTracker, WithExitVariable)
 
 
-def _new_object(cls, attrs):
-    obj = object.__new__(cls)
+def _new_object(cls, attrs, items=None):
+    """An object the trace built: its attributes and, for a dict subclass, its items, set
+    past the class's own __setattr__ / __setitem__ (their effects are in attrs and items)."""
+    if items is None:
+        obj = object.__new__(cls)
+    else:
+        obj = dict.__new__(cls)
+        setitem = collections.OrderedDict.__setitem__ if isinstance(obj, collections.OrderedDict) else dict.__setitem__
+        for k, v in items.items():
+            setitem(obj, k, v)
     for k, v in attrs.items():
         object.__setattr__(obj, k, v)
     return obj
@@ -161,6 +170,8 @@ class CodeGen:
         if isinstance(vt, ObjectVariable):
             if vt.is_new:
                 attrs = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())
+                if vt.dict_vt is not None:
+                    return f"___new_object({self.const(vt.cls, 'cls')}, {{{attrs}}}, {self.expr(vt.dict_vt)})"
                 return f"___new_object({self.const(vt.cls, 'cls')}, {{{attrs}}})"
             if vt.value is not None or vt.cls is type(None):
                 return self.const(vt.value, "obj")

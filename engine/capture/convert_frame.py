@@ -63,14 +63,13 @@ def _caller_stack() -> list:
     observe's or torch's own frames, as dynamo_start shows them."""
     import linecache
     import sys
-    from .runtime import _skip_dirs
+    from .skipfiles import is_internal_file
 
-    skip = _skip_dirs()
     out = []
     f = sys._getframe(1)
     while f is not None:
         filename = f.f_code.co_filename
-        if not filename.startswith(skip) and not filename.startswith("<engine"):
+        if not is_internal_file(filename):
             line = linecache.getline(filename, f.f_lineno).strip()
             out.append({"line": f.f_lineno, "name": f.f_code.co_name, "filename": filename, "loc": line})
         f = f.f_back
@@ -559,6 +558,8 @@ def _collect_tensors(vt, acc, seen, visiting):
     elif isinstance(vt, ObjectVariable):
         for x in vt.attrs.values():
             _collect_tensors(x, acc, seen, visiting)
+        if vt.dict_vt is not None:
+            _collect_tensors(vt.dict_vt, acc, seen, visiting)
     elif isinstance(vt, BoundMethodVariable):
         _collect_tensors(vt.obj, acc, seen, visiting)
     elif isinstance(vt, CellVariable):

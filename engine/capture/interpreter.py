@@ -9,6 +9,7 @@ where it happened; the frame converter then restarts and stops there (convert_fr
 from __future__ import annotations
 
 import builtins
+import collections
 import dataclasses
 import dis
 import functools
@@ -30,7 +31,7 @@ from . import bytecode as bc
 from . import numpy_ops, scalars
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
-from .source import AttrSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
+from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
 from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS, PURE_MODULES, TENSOR_CONSTANT_ATTRS,
                          TENSOR_GRAPH_ATTRS, TENSOR_METADATA_METHODS, TENSOR_METHOD_BREAKS, convertible, has_tensor,
                          is_torch_op)
@@ -90,11 +91,6 @@ class TopLevelBreak(Exception):
         self.inst = inst
         self.arrival = arrival
         self.frame = frame
-
-
-# Skip these Python files when deciding what to inline: the engine itself.
-_ENGINE_DIR = __file__.rsplit("/engine/", 1)[0] + "/engine/"
-_OBSERVE_DIR = __file__.rsplit("/engine/", 1)[0] + "/observe/"
 
 
 def _is_torch_function(fn) -> bool:
@@ -352,6 +348,31 @@ class Frame:
         if name in bdict:
             return wrap_constant(bdict[name]) if not isinstance(bdict[name], type) else ObjectVariable(bdict[name])
         raise self.exception(NameError, f"name '{name}' is not defined")
+
+    def IMPORT_NAME(self, inst):
+        """`import x` / `from x import y` of a module already imported: no code runs, the
+        module object is a constant (a first import, with its side effects, breaks)."""
+        level, fromlist = self.as_python(self.stack[-2]), self.as_python(self.stack[-1])
+        name = inst.argval
+        if level:
+            import importlib.util
+            package = self.f_globals.get("__package__") or self.f_globals.get("__name__", "")
+            try:
+                absolute = importlib.util.resolve_name("." * level + name, package)
+            except (ImportError, ValueError):
+                raise GraphBreak("GB0011", f"relative import of {name!r}") from None
+        else:
+            absolute = name
+        loaded = [absolute] + [f"{absolute}.{f}" for f in (fromlist or ())
+                               if not hasattr(sys.modules.get(absolute), f)]
+        if not all(m in sys.modules for m in loaded):
+            raise GraphBreak("GB0011", f"import of {absolute!r}, not yet imported (its first import runs code)")
+        self.popn(2)
+        module = sys.modules[absolute] if fromlist or level else sys.modules[absolute.partition(".")[0]]
+        self.push(ObjectVariable(module))
+
+    def IMPORT_FROM(self, inst):
+        self.push(self.getattr(self.stack[-1], inst.argval))
 
     def STORE_GLOBAL(self, inst):
         src = self.globals_source(inst.argval)
@@ -897,6 +918,11 @@ class Frame:
                 return [ConstantVariable(k) for k in val.keys()]
             if hasattr(val, "_fields") and isinstance(val, tuple):
                 return [wrap_constant(x) for x in val]
+            if v.dict_vt is not None and v.cls.__iter__ is dict.__iter__:
+                return self.unpack(v.dict_vt)
+            meth = getattr(v.cls, "__iter__", None)
+            if isinstance(meth, types.FunctionType) and not isinstance(val, torch.nn.Module):
+                return self.unpack(self.get_iter(self.inline_function(meth, [v], {}, None)))
         raise GraphBreak("GB0011", f"iteration over {type(v).__name__} "
                                    f"{type(getattr(v, 'value', None)).__name__ if isinstance(v, ObjectVariable) else ''}")
 
@@ -935,6 +961,8 @@ class Frame:
                 return True
             if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
                 return True
+            if v.dict_vt is not None and getattr(cls, "__bool__", None) is None and cls.__len__ is dict.__len__:
+                return len(v.dict_vt.items) > 0
             if v.value is not None and not v.attrs and (v.value is None or is_constant_value(v.value)):
                 return bool(v.value)
         raise GraphBreak("GB0011", f"truth value of {type(v).__name__}")
@@ -979,6 +1007,12 @@ class Frame:
             return False
         if isinstance(container, ObjectVariable) and isinstance(container.value, torch.nn.ModuleDict):
             return self.as_python(item) in container.value
+        if isinstance(container, ObjectVariable):
+            meth = getattr(container.cls, "__contains__", None)
+            if isinstance(meth, types.FunctionType):
+                return self.truth(self.inline_function(meth, [container, item], {}, None))
+            if container.dict_vt is not None:
+                return self.contains(container.dict_vt, item)
         raise GraphBreak("GB0011", f"`in` on {type(container).__name__}")
 
     # ------------------------------------------------------------------ operators
@@ -1150,6 +1184,8 @@ class Frame:
             meth = getattr(obj.cls, "__getitem__", None)
             if isinstance(meth, types.FunctionType):
                 return self.inline_function(meth, [obj, idx], {}, None)
+            if obj.dict_vt is not None:
+                return self.getitem(obj.dict_vt, idx)
         raise GraphBreak("GB0011", f"subscript of {type(obj).__name__}")
 
     def setitem(self, obj, idx, value):
@@ -1171,6 +1207,14 @@ class Frame:
             obj.items[self.dict_key(idx)] = value
             self.out.note_mutation(obj)
             return
+        if isinstance(obj, ObjectVariable) and obj.is_new:
+            meth = getattr(obj.cls, "__setitem__", None)
+            if isinstance(meth, types.FunctionType):
+                self.inline_function(meth, [obj, idx, value], {}, None)
+                return
+            if obj.dict_vt is not None:
+                self.setitem(obj.dict_vt, idx, value)
+                return
         raise GraphBreak("GB0017", f"item assignment on {type(obj).__name__}")
 
     # ------------------------------------------------------------------ attributes
@@ -1276,18 +1320,25 @@ class Frame:
                     return BoundMethodVariable(sup.obj, name, attr)
                 if attr is object.__init__:
                     return BoundMethodVariable(sup.obj, "__init__", _object_init)
+                if attr is object.__getattribute__:
+                    return BoundMethodVariable(sup.obj, "__getattribute__", _object_getattribute)
+                if attr is object.__setattr__:
+                    return BoundMethodVariable(sup.obj, "__setattr__", _object_setattr)
+                if klass in (dict, collections.OrderedDict) and isinstance(sup.obj, ObjectVariable):
+                    return self.dict_items_method(sup.obj, name)
                 break
         raise GraphBreak("GB0011", f"super().{name}")
 
-    def object_getattr(self, obj: ObjectVariable, name: str):
+    def object_getattr(self, obj: ObjectVariable, name: str, generic: bool = False):
         try:
-            return self._object_getattr(obj, name)
+            return self._object_getattr(obj, name, generic)
         except TracedException as exc:
             if obj.source is not None and issubclass(exc.exc.cls, AttributeError) and name not in obj.deleted:
                 self.out.add_guard("HASATTR", obj.source, (name, False))
             raise
 
-    def _object_getattr(self, obj: ObjectVariable, name: str):
+    def _object_getattr(self, obj: ObjectVariable, name: str, generic: bool = False):
+        """`generic`: object.__getattribute__'s lookup, past a class's own __getattribute__ / __getattr__."""
         if name in obj.attrs:
             return obj.attrs[name]
         if name in obj.deleted:
@@ -1307,6 +1358,10 @@ class Frame:
             return builder.wrap(attr, src)
         if obj.is_new:
             cls = obj.cls
+            if name == "__dict__":  # a snapshot: reads (dataclass __post_init__ & co), not stores
+                return DictVariable(dict(obj.attrs))
+            if name == "__class__":
+                return ObjectVariable(cls)
             try:
                 static = inspect.getattr_static(cls, name)
             except AttributeError:
@@ -1329,10 +1384,22 @@ class Frame:
         if isinstance(value, torch.nn.Module):
             return self.module_getattr(obj, name)
         cls = type(value)
-        if cls.__getattribute__ is not object.__getattribute__ or (
-                getattr(cls, "__getattr__", None) is not None and not _is_torch_function(cls)):
-            if not isinstance(value, (types.BuiltinFunctionType, types.MethodType, functools.partial)):
-                raise GraphBreak("GB0011", f"attribute of an object with custom __getattr__ ({cls.__name__})")
+        if not generic and not isinstance(value, (types.BuiltinFunctionType, types.MethodType, functools.partial)):
+            custom = cls.__getattribute__
+            if isinstance(custom, types.FunctionType) and not _is_torch_function(cls):
+                # a Python __getattribute__ (a config's alias map, ...) is traced like any method; a
+                # C type's own slot (code objects, OrderedDict) is the generic lookup
+                return self.call_python_function(custom, [obj, ConstantVariable(name)], {}, None)
+            fallback = getattr(cls, "__getattr__", None)
+            if fallback is not None and not _is_torch_function(cls):
+                if not isinstance(fallback, types.FunctionType):
+                    raise GraphBreak("GB0011", f"attribute of an object with a C __getattr__ ({cls.__name__})")
+                try:
+                    return self._object_getattr(obj, name, generic=True)
+                except TracedException as exc:  # as Python does: __getattr__ after a failed lookup
+                    if not issubclass(exc.exc.cls, AttributeError):
+                        raise
+                return self.call_python_function(fallback, [obj, ConstantVariable(name)], {}, None)
         try:
             static = inspect.getattr_static(value, name)
         except AttributeError:
@@ -1344,6 +1411,9 @@ class Frame:
 
     def _class_attr(self, obj, name, static, src):
         builder = self.out.builder
+        if getattr(obj, "dict_vt", None) is not None and isinstance(static, _C_METHODS) and \
+                any(k.__dict__.get(name) is static for k in (dict, collections.OrderedDict)):
+            return BoundMethodVariable(obj.dict_vt, name)
         if isinstance(static, types.FunctionType):
             return BoundMethodVariable(obj, name, static)
         if isinstance(static, staticmethod):
@@ -1393,14 +1463,38 @@ class Frame:
             return builder.wrap(d[name], src) if src is not None else builder.wrap_sourceless(d[name])
         return self._class_attr(obj, name, static, src)
 
-    def setattr(self, obj, name, value):
+    def dict_items_method(self, obj: ObjectVariable, name: str):
+        """`dict.<name>` of a dict subclass object, on its items (not its Python overrides)."""
+        if obj.dict_vt is not None:
+            return BoundMethodVariable(obj.dict_vt, name)
+        if obj.source is not None and isinstance(obj.value, dict) and name in ("get", "__getitem__", "__contains__"):
+            return BoundMethodVariable(obj, name, _dict_read)
+        raise GraphBreak("GB0011", f"dict.{name} of an existing {obj.cls.__name__} object")
+
+    def existing_dict_read(self, obj: ObjectVariable, name: str, args, kwargs):
+        """get / [] / in on a dict subclass object from outside the frame: one key read,
+        guarded on that key being there (and on its value)."""
+        key = self.dict_key(args[0])
+        present = dict.__contains__(obj.value, key)
+        self.out.add_guard("EQUALS_MATCH", DictItemSource(obj.source, key, "__contains__"), present)
+        if name == "__contains__":
+            return ConstantVariable(present)
+        if not present:
+            if name == "get":
+                return args[1] if len(args) > 1 else ConstantVariable(None)
+            raise self.exception(KeyError, repr(key))
+        return self.out.builder.wrap(dict.__getitem__(obj.value, key), DictItemSource(obj.source, key))
+
+    def setattr(self, obj, name, value, generic: bool = False):
+        """`generic`: object.__setattr__'s store, past a class's own __setattr__."""
         if isinstance(obj, ObjectVariable) and (obj.is_new or obj.source is not None) and \
                 not isinstance(obj.value, (type, types.ModuleType)):
-            if obj.value is not None and type(obj.value).__setattr__ is not object.__setattr__ and \
-                    not isinstance(obj.value, torch.nn.Module):
-                raise GraphBreak("GB0017", f"attribute store on {type(obj.value).__name__} with custom __setattr__")
-            if obj.is_new and obj.cls.__setattr__ is not object.__setattr__:
-                raise GraphBreak("GB0017", f"attribute store on {obj.cls.__name__} with custom __setattr__")
+            custom = obj.cls.__setattr__
+            if not generic and custom is not object.__setattr__ and not isinstance(obj.value, torch.nn.Module):
+                if isinstance(custom, types.FunctionType) and not _is_torch_function(obj.cls):
+                    self.call_python_function(custom, [obj, ConstantVariable(name), value], {}, None)
+                    return
+                raise GraphBreak("GB0017", f"attribute store on {obj.cls.__name__} with a C __setattr__")
             if isinstance(obj.value, torch.nn.Module):
                 m = obj.value
                 if name in m._parameters or name in m._modules:
@@ -1541,6 +1635,13 @@ class Frame:
             items = [TupleVariable([wrap(x) for x in item]) if isinstance(item, tuple) else wrap(item)
                      for item in real]
             return IteratorVariable(items, types.GeneratorType)
+        if m.fn is _object_getattribute and isinstance(obj, ObjectVariable) and len(args) == 1 and not kwargs:
+            return self.object_getattr(obj, self.as_python(args[0]), generic=True)
+        if m.fn is _object_setattr and isinstance(obj, ObjectVariable) and len(args) == 2 and not kwargs:
+            self.setattr(obj, self.as_python(args[0]), args[1], generic=True)
+            return ConstantVariable(None)
+        if m.fn is _dict_read and isinstance(obj, ObjectVariable):
+            return self.existing_dict_read(obj, m.name, args, kwargs)
         if m.fn is not None:
             return self.call_python_function(m.fn, [obj] + list(args), kwargs, None, bound_self=obj)
         if isinstance(obj, TensorVariable):
@@ -1598,5 +1699,22 @@ def _is_data_descriptor(cls, name) -> bool:
     return False
 
 
+_C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
+
+
 def _object_init(self, *args, **kwargs):
     return None
+
+
+def _object_getattribute(self, name):
+    """Stands for object.__getattribute__ reached through super(): the generic lookup."""
+    return object.__getattribute__(self, name)
+
+
+def _object_setattr(self, name, value):
+    """Stands for object.__setattr__ reached through super(): the generic store."""
+    object.__setattr__(self, name, value)
+
+
+def _dict_read(self, *args):
+    """Stands for a read-only dict method of an existing dict subclass object."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-import sysconfig
 import threading
 import types
 from typing import Any, Callable, Optional
@@ -20,6 +19,7 @@ import torch
 import observe
 
 from .. import config
+from . import skipfiles
 
 
 @dataclasses.dataclass
@@ -141,25 +141,6 @@ def bind_frame(cache: FrameCache, fn, args, kwargs) -> dict:
 
 # ---------------------------------------------------------------------- which frames compile
 
-_SKIP_DIRS: Optional[tuple] = None
-_TORCH_NN_MODULES = os.path.join(os.path.dirname(torch.__file__), "nn", "modules") + os.sep
-
-
-def _skip_dirs() -> tuple:
-    global _SKIP_DIRS
-    if _SKIP_DIRS is None:
-        dirs = {os.path.dirname(torch.__file__) + os.sep}
-        for key in ("stdlib", "platstdlib"):
-            p = sysconfig.get_paths().get(key)
-            if p:
-                dirs.add(os.path.realpath(p) + os.sep)
-                dirs.add(p + os.sep)
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # engine/
-        dirs.add(here + os.sep)
-        dirs.add(os.path.join(os.path.dirname(here), "observe") + os.sep)
-        _SKIP_DIRS = tuple(dirs)
-    return _SKIP_DIRS
-
 
 def should_compile(fn, force: bool = False) -> bool:
     """`force`: a frame inside torch that compiles anyway (an optimizer step, a resume function)."""
@@ -175,26 +156,22 @@ def _code_compilable(code) -> tuple:
     computed once per code, as it costs more than the rest of a cache hit."""
     ok = _COMPILABLE.get(code)
     if ok is None:
-        ok = _COMPILABLE[code] = (_compilable(code, False), _compilable(code, True))
+        plain, forced = _skip_reason(code, False), _skip_reason(code, True)
+        if plain is not None:
+            skipfiles.log_skip(code, plain)
+        ok = _COMPILABLE[code] = (plain is None, forced is None)
     return ok
 
 
-def _compilable(code, force: bool) -> bool:
+def _skip_reason(code, force: bool) -> Optional[str]:
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     if not all(name.isidentifier() for name in code.co_varnames[:n]):
-        return False  # a comprehension's `.0`: not a frame a user calls
+        return "a comprehension's frame"  # `.0`: not a frame a user calls
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
-        return False
-    filename = code.co_filename
-    if filename.startswith("<"):
-        return not filename.startswith("<engine")
-    if force:
-        return True
-    if filename.startswith(_TORCH_NN_MODULES):
-        return True  # module forwards compile (as PEP 523 would see them), the rest of torch does not
-    return not filename.startswith(_skip_dirs())
+        return "a generator or coroutine frame"
+    return skipfiles.skip_reason(code, force)
 
 
 # ---------------------------------------------------------------------- running
@@ -315,7 +292,7 @@ def make_trampoline(options: CompileOptions) -> Callable:
 # reduce to exactly this) and compiles the inner step.
 
 _WRAPPER_CODES: list = []
-OPTIM_DIR = os.path.dirname(torch.optim.__file__) + os.sep
+OPTIM_DIR = skipfiles.OPTIM_DIR
 
 
 def _wrapper_codes() -> tuple:

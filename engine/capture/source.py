@@ -59,6 +59,18 @@ class GetItemSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class DictItemSource(Source):
+    """An item of a dict subclass object read through dict itself (`super().get(k)`),
+    past the class's own __getitem__; `method` "__contains__" is whether it is there."""
+    base: Source
+    index: object
+    method: str = "__getitem__"
+
+    def name(self) -> str:
+        return f"dict.{self.method}({self.base.name()}, {self.index!r})"
+
+
+@dataclasses.dataclass(frozen=True)
 class ListIteratorSource(Source):
     """What a list iterator (a `for` loop's, passed to a resume function) still holds,
     read without advancing it: `length` is its number of items left, `item` one of

@@ -204,6 +204,9 @@ class ObjectVariable(VariableTracker):
         self.is_new = is_new
         self.attrs: dict[str, VariableTracker] = {}
         self.deleted: set[str] = set()
+        # a dict subclass built in the trace (transformers' ModelOutput): its items, apart from
+        # its attributes; the class's Python methods are traced, dict's own work on these items
+        self.dict_vt: Optional["DictVariable"] = None
 
     def python_type(self):
         return self.cls
