@@ -15,7 +15,7 @@ from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
 from .runtime import GradModeExit
 from . import numpy_ops
-from .source import AttrSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
+from .source import AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
 from .variables import (ConstantVariable, DictVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable,
                         ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
@@ -51,6 +51,8 @@ def wrap_constant(value: Any) -> VariableTracker:
         return DictVariable({k: wrap_constant(v) for k, v in value.items()})
     if isinstance(value, (set, frozenset)):
         return SetVariable(list(value), cls=type(value))
+    if type(value) is types.MappingProxyType:  # read-only (a class __dict__, Signature.parameters): a copy reads the same
+        return DictVariable({k: wrap_constant(v) for k, v in value.items()})
     if isinstance(value, types.FunctionType):
         return FunctionVariable(value)
     return ObjectVariable(value)
@@ -116,13 +118,17 @@ class Builder:
             return vt
         if t is dict or t is collections.OrderedDict:
             keys = list(value.keys())
-            if not all(isinstance(k, (str, int)) and type(k) is not bool for k in keys):
+            # keys the trace handles as constants: strings, ints, classes and typing forms (a type ->
+            # validator table)
+            if not all(isinstance(k, (str, int, type)) and type(k) is not bool or type(k).__module__ == "typing"
+                       for k in keys):
                 raise GraphBreak("GB0011", "dict input with non-constant keys")
             out.add_guard("TYPE_MATCH", source, t)
             out.add_guard("DICT_KEYS", source, tuple(keys))
             vt = DictVariable({}, source, cls=t)
             out.remember(value, vt)
-            vt.items = {k: self.wrap(v, GetItemSource(source, k)) for k, v in value.items()}
+            vt.items = {k: self.wrap(v, GetItemSource(source, k) if isinstance(k, (str, int)) else
+                                     DictValueSource(source, i)) for i, (k, v) in enumerate(value.items())}
             return vt
         if t in (set, frozenset) and all(is_constant_value(v) for v in value):
             out.add_guard("EQUALS_MATCH", source, frozenset(value) if t is frozenset else set(value))

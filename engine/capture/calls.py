@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import dataclasses
 import functools
 import inspect
@@ -389,12 +390,12 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
         return ExceptionVariable(cls, list(args))
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         return make_namedtuple(tx, cls, args, kwargs)
+    if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
+        return make_stateless_module(tx, cls, args, kwargs)
     if _is_torch(cls) or cls in (torch.Tensor, torch.nn.Parameter):
-        if cls in (torch.device, torch.dtype, torch.Size) or issubclass(cls, torch.Size):
+        if cls in (torch.device, torch.dtype, torch.Size, torch.finfo, torch.iinfo) or issubclass(cls, torch.Size):
             return tx.const_apply(cls, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
         raise GraphBreak("GB0013", f"construction of {cls.__module__}.{cls.__qualname__}")
-    if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
-        raise GraphBreak("GB0013", f"creating an nn.Module ({cls.__name__}) inside the compiled region")
     # a metaclass that does not change how instances are made (ABCMeta) builds them as type does
     if cls.__module__ == "builtins" or type(cls).__call__ is not type.__call__ and not dataclasses.is_dataclass(cls):
         if all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values()) \
@@ -419,6 +420,18 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
     elif args or kwargs:
         raise tx.exception(TypeError, f"{cls.__name__}() takes no arguments")
     return obj
+
+
+def make_stateless_module(tx, cls, args, kwargs):
+    """`nn.ReLU()` / `nn.Dropout(p)` built inside forward: one of torch's own modules with
+    constant arguments and no parameters or buffers is made now and called like any module."""
+    if not cls.__module__.startswith("torch.nn.modules") or not all(tx.is_python_constant(a) for a in args) or \
+            not all(tx.is_python_constant(v) for v in kwargs.values()):
+        raise GraphBreak("GB0013", f"creating an nn.Module ({cls.__name__}) inside the compiled region")
+    m = cls(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+        raise GraphBreak("GB0013", f"creating an nn.Module with parameters ({cls.__name__}) inside the compiled region")
+    return tx.out.builder.wrap_sourceless(m)
 
 
 def make_namedtuple(tx, cls, args, kwargs):
@@ -528,6 +541,11 @@ def bi_hasattr(tx, args, kwargs):
 
 def bi_setattr(tx, args, kwargs):
     tx.setattr(args[0], tx.as_python(args[1]), args[2])
+    return ConstantVariable(None)
+
+
+def bi_delattr(tx, args, kwargs):
+    tx.delattr(args[0], tx.as_python(args[1]))
     return ConstantVariable(None)
 
 
@@ -768,6 +786,79 @@ def bi_reduce(tx, args, kwargs):
     return acc
 
 
+def inspect_signature(tx, args, kwargs):
+    """inspect.signature(f) of a function known at trace time (guarded by identity): its
+    signature now, as an object whose attributes are read like any other."""
+    fn = args[0]
+    if isinstance(fn, FunctionVariable):
+        target = fn.fn
+    elif isinstance(fn, ObjectVariable) and fn.value is not None:
+        target = fn.value
+    elif isinstance(fn, BoundMethodVariable) and fn.fn is not None and isinstance(fn.obj, ObjectVariable) \
+            and fn.obj.value is not None:
+        target = types.MethodType(fn.fn, fn.obj.value)
+    else:
+        raise GraphBreak("GB0011", f"inspect.signature of {type(fn).__name__}")
+    try:
+        sig = inspect.signature(target, **{k: tx.as_python(v) for k, v in kwargs.items()})
+    except (TypeError, ValueError) as exc:
+        raise tx.exception(type(exc), str(exc)) from None
+    return ObjectVariable(sig)
+
+
+_SHARED_BY_COPY = (type, types.FunctionType, types.ModuleType, types.BuiltinFunctionType, types.MethodType)
+
+
+def copy_value(tx, vt, deep: bool, memo: dict):
+    """copy.copy / copy.deepcopy of a value the trace knows: a new container or object
+    (reading an existing object's attributes installs their guards, as any read does).
+    Tensors and classes with their own copy protocol break."""
+    if id(vt) in memo:
+        return memo[id(vt)]
+    sub = (lambda v: copy_value(tx, v, True, memo)) if deep else (lambda v: v)
+    if isinstance(vt, (ConstantVariable, FunctionVariable)):
+        return vt
+    if isinstance(vt, TupleVariable):
+        out = TupleVariable([sub(x) for x in vt.items], cls=vt.cls)
+    elif isinstance(vt, ListVariable) and type(vt) is ListVariable:
+        out = memo[id(vt)] = ListVariable([])
+        out.items = [sub(x) for x in vt.items]
+    elif isinstance(vt, DictVariable):
+        out = memo[id(vt)] = DictVariable({}, cls=vt.cls)
+        out.items = {k: sub(v) for k, v in vt.items.items()}
+    elif isinstance(vt, SetVariable):
+        out = SetVariable(list(vt.items), cls=vt.cls)
+    elif isinstance(vt, ObjectVariable):
+        value = vt.value
+        if isinstance(value, _SHARED_BY_COPY):
+            return vt  # copy returns these themselves
+        cls = vt.cls
+        if any(name in klass.__dict__ for klass in cls.__mro__[:-1] for name in
+               ("__deepcopy__", "__copy__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__")) or \
+                isinstance(value, torch.nn.Module) or issubclass(cls, dict) and vt.dict_vt is None or \
+                not vt.is_new and not isinstance(getattr(value, "__dict__", None), dict) or \
+                cls.__new__ not in (object.__new__, dict.__new__):
+            raise GraphBreak("GB0011", f"copy of a {cls.__qualname__} object")
+        out = memo[id(vt)] = ObjectVariable(None, cls=cls, is_new=True)
+        if vt.is_new:
+            names = list(vt.attrs)
+        else:
+            names = list(value.__dict__)
+            if vt.source is not None:
+                tx.out.add_guard("DICT_KEYS", AttrSource(vt.source, "__dict__"), tuple(names))
+        out.attrs = {name: sub(tx.object_getattr(vt, name, generic=True)) for name in names}
+        if vt.dict_vt is not None:
+            out.dict_vt = copy_value(tx, vt.dict_vt, deep, memo) if deep else DictVariable(dict(vt.dict_vt.items))
+    else:
+        raise GraphBreak("GB0011", f"copy of {type(vt).__name__}")
+    memo[id(vt)] = out
+    return out
+
+
+def _no_memo():
+    raise GraphBreak("GB0011", "copy.deepcopy with a memo")
+
+
 def bi_dataclass_fields(tx, args, kwargs):
     v = args[0]
     cls = v.cls if isinstance(v, ObjectVariable) and v.is_new else tx.as_python(v) if not isinstance(v, ObjectVariable) \
@@ -847,10 +938,13 @@ def namedtuple_asdict(tx, args, kwargs):
 
 SPECIAL_FUNCTIONS = {
     len: bi_len, isinstance: bi_isinstance, issubclass: bi_issubclass, getattr: bi_getattr, hasattr: bi_hasattr,
-    setattr: bi_setattr, enumerate: None, zip: None, map: None, filter: None, reversed: None, iter: bi_iter,
+    setattr: bi_setattr, delattr: bi_delattr, enumerate: None, zip: None, map: None, filter: None, reversed: None, iter: bi_iter,
     next: bi_next, sorted: bi_sorted, sum: bi_sum, min: bi_min, max: bi_max, any: bi_any, all: bi_all, abs: bi_abs,
     callable: bi_callable, print: bi_print, repr: bi_repr, functools.reduce: bi_reduce,
     dataclasses.fields: bi_dataclass_fields, dataclasses.is_dataclass: bi_is_dataclass,
+    inspect.signature: inspect_signature,
+    copy.copy: lambda tx, a, k: copy_value(tx, a[0], False, {}),
+    copy.deepcopy: lambda tx, a, k: copy_value(tx, a[0], True, {}) if len(a) == 1 and not k else _no_memo(),
     operator.getitem: op_getitem, operator.setitem: op_setitem, operator.not_: op_not, operator.truth: op_truth,
     operator.is_: op_is, operator.contains: op_contains, object.__setattr__: bi_object_setattr,
     torch.is_grad_enabled: torch_is_grad_enabled, torch.is_tensor: torch_is_tensor,

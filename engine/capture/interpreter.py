@@ -63,6 +63,20 @@ class TracedException(Exception):
         super().__init__(exc.cls.__name__)
         self.exc = exc
 
+    @property
+    def user_stack(self):
+        """Where the traced code first raised it (kept on the exception value across re-raises)."""
+        return self.exc.user_stack
+
+    @user_stack.setter
+    def user_stack(self, stack):
+        self.exc.user_stack = stack
+
+    def describe(self) -> str:
+        args = self.exc.args
+        msg = args[0].value if len(args) == 1 and isinstance(args[0], ConstantVariable) else ""
+        return f"{self.exc.cls.__name__}{': ' + str(msg) if msg else ''}"
+
 
 class _Return(Exception):
     pass
@@ -189,10 +203,13 @@ class Frame:
             except _Return:
                 return self.return_value
             except TracedException as exc:
+                if exc.user_stack is None:
+                    exc.user_stack = self.user_stack()
                 if not self.handle_exception(inst, exc):
                     if self.parent is None:
-                        raise TopLevelBreak(GraphBreak("GB0015", f"{exc.exc.cls.__name__} raised in traced code"),
-                                            inst, self.arrivals[inst.offset], self) from None
+                        gb = GraphBreak("GB0015", f"{exc.describe()} raised in traced code")
+                        gb.user_stack = exc.user_stack
+                        raise TopLevelBreak(gb, inst, self.arrivals[inst.offset], self) from None
                     raise
             except (StopAtBreak, TopLevelBreak):
                 raise
@@ -585,14 +602,18 @@ class Frame:
         self.setattr(obj, inst.argval, value)
 
     def DELETE_ATTR(self, inst):
-        obj = self.pop()
+        self.delattr(self.pop(), inst.argval)
+
+    def delattr(self, obj, name: str):
         if isinstance(obj, ObjectVariable) and (obj.is_new or obj.source is not None) and \
-                not isinstance(obj.value, torch.nn.Module):
-            obj.attrs.pop(inst.argval, None)
-            obj.deleted.add(inst.argval)
+                not isinstance(obj.value, torch.nn.Module) and obj.cls.__delattr__ is object.__delattr__:
+            if obj.is_new and name not in obj.attrs:
+                raise self.exception(AttributeError, f"'{obj.cls.__name__}' object has no attribute '{name}'")
+            obj.attrs.pop(name, None)
+            obj.deleted.add(name)
             self.out.note_mutation(obj)
             return
-        raise GraphBreak("GB0017", f"del of attribute {inst.argval!r}")
+        raise GraphBreak("GB0017", f"del of attribute {name!r}")
 
     # ------------------------------------------------------------------ operators
 
@@ -708,7 +729,9 @@ class Frame:
     # ------------------------------------------------------------------ exceptions
 
     def exception(self, cls, msg=""):
-        return TracedException(ExceptionVariable(cls, [ConstantVariable(msg)]))
+        exc = TracedException(ExceptionVariable(cls, [ConstantVariable(msg)]))
+        exc.user_stack = self.user_stack()
+        return exc
 
     def RAISE_VARARGS(self, inst):
         if inst.arg == 0:
@@ -1344,6 +1367,22 @@ class Frame:
         if name in obj.deleted:
             raise self.exception(AttributeError, f"'{obj.cls.__name__}' object has no attribute '{name}'")
         value = obj.value
+        if not generic and not isinstance(value, _GENERIC_GETATTR):
+            custom = obj.cls.__getattribute__
+            if isinstance(custom, types.FunctionType) and not _is_torch_function(obj.cls):
+                # a Python __getattribute__ (a config's alias map, ...) is traced like any method; a
+                # C type's own slot (code objects, OrderedDict) is the generic lookup
+                return self.call_python_function(custom, [obj, ConstantVariable(name)], {}, None)
+            fallback = getattr(obj.cls, "__getattr__", None)
+            if fallback is not None and not _is_torch_function(obj.cls):
+                if not isinstance(fallback, types.FunctionType):
+                    raise GraphBreak("GB0011", f"attribute of an object with a C __getattr__ ({obj.cls.__name__})")
+                try:
+                    return self._object_getattr(obj, name, generic=True)
+                except TracedException as exc:  # as Python does: __getattr__ after a failed lookup
+                    if not issubclass(exc.exc.cls, AttributeError):
+                        raise
+                return self.call_python_function(fallback, [obj, ConstantVariable(name)], {}, None)
         builder = self.out.builder
         src = AttrSource(obj.source, name) if obj.source is not None else None
         if isinstance(value, types.ModuleType):
@@ -1384,22 +1423,6 @@ class Frame:
         if isinstance(value, torch.nn.Module):
             return self.module_getattr(obj, name)
         cls = type(value)
-        if not generic and not isinstance(value, (types.BuiltinFunctionType, types.MethodType, functools.partial)):
-            custom = cls.__getattribute__
-            if isinstance(custom, types.FunctionType) and not _is_torch_function(cls):
-                # a Python __getattribute__ (a config's alias map, ...) is traced like any method; a
-                # C type's own slot (code objects, OrderedDict) is the generic lookup
-                return self.call_python_function(custom, [obj, ConstantVariable(name)], {}, None)
-            fallback = getattr(cls, "__getattr__", None)
-            if fallback is not None and not _is_torch_function(cls):
-                if not isinstance(fallback, types.FunctionType):
-                    raise GraphBreak("GB0011", f"attribute of an object with a C __getattr__ ({cls.__name__})")
-                try:
-                    return self._object_getattr(obj, name, generic=True)
-                except TracedException as exc:  # as Python does: __getattr__ after a failed lookup
-                    if not issubclass(exc.exc.cls, AttributeError):
-                        raise
-                return self.call_python_function(fallback, [obj, ConstantVariable(name)], {}, None)
         try:
             static = inspect.getattr_static(value, name)
         except AttributeError:
@@ -1429,6 +1452,8 @@ class Frame:
         if obj.value is None:
             if is_constant_value(static) or isinstance(static, type):
                 return wrap_constant(static) if not isinstance(static, type) else ObjectVariable(static)
+            if type(static) in (dict, list, tuple, set, frozenset):  # a class-level table, read
+                return builder.wrap_sourceless(static)
             raise GraphBreak("GB0011", f"class attribute {name} of type {type(static).__name__}")
         attr = getattr(obj.value, name)
         if src is not None:
@@ -1699,6 +1724,9 @@ def _is_data_descriptor(cls, name) -> bool:
     return False
 
 
+# objects whose attribute reads the capture models itself (or that have C lookups)
+_GENERIC_GETATTR = (types.ModuleType, type, torch.nn.Module, types.BuiltinFunctionType, types.MethodType,
+                    functools.partial)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
 
 

@@ -59,6 +59,17 @@ class GetItemSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class DictValueSource(Source):
+    """The value at a position of a dict whose key has no literal form (a class): with the
+    DICT_KEYS guard on the dict, the position names the same key."""
+    base: Source
+    position: int
+
+    def name(self) -> str:
+        return f"list({self.base.name()}.values())[{self.position}]"
+
+
+@dataclasses.dataclass(frozen=True)
 class DictItemSource(Source):
     """An item of a dict subclass object read through dict itself (`super().get(k)`),
     past the class's own __getitem__; `method` "__contains__" is whether it is there."""

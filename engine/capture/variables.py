@@ -253,6 +253,7 @@ class ExceptionVariable(VariableTracker):
     def __init__(self, cls: type, args: list):
         self.cls = cls
         self.args = args
+        self.user_stack = None  # where the traced code raised it, for GB0015
 
     def python_type(self):
         return self.cls
