@@ -27,7 +27,7 @@ from .codegen import CodeGen
 from .graph_breaks import GraphBreak
 from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
 from .output_graph import OutputGraph
-from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, make_trampoline, run_function
+from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, run_function, trampoline_for
 from .source import GlobalSource, LocalSource
 from . import numpy_ops, scalars
 from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable
@@ -482,7 +482,7 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     cg.ns.update(ns_graph)
     if graph_call:
         cg.emit("call_graph", graph_call)
-    trampoline = make_trampoline(options)
+    trampoline = trampoline_for(options)
     cg.ns["___trampoline"] = trampoline
     # a resume function continues a frame we compiled (even one inside torch, e.g. an optimizer step)
     cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options, force=True)

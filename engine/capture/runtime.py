@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
+import logging
 import threading
 import types
 from typing import Any, Callable, Optional
@@ -19,7 +19,7 @@ import torch
 import observe
 
 from .. import config
-from . import skipfiles
+from . import routed, skipfiles
 
 
 @dataclasses.dataclass
@@ -73,6 +73,8 @@ def reset() -> None:
     _CACHES.clear()
     _FRAME_IDS.clear()
     _COMPILABLE.clear()
+    _TRAMPOLINES.clear()
+    routed.clear_cache()
 
 
 def cache_for(code) -> FrameCache:
@@ -152,26 +154,32 @@ def should_compile(fn, force: bool = False) -> bool:
 
 
 def _code_compilable(code) -> tuple:
-    """should_compile's answer from the code object alone, (without force, with force):
+    """should_compile's answer from the code object alone, (without force, with force, and
+    whether a frame that is not captured is still user code, run as a routed copy):
     computed once per code, as it costs more than the rest of a cache hit."""
     ok = _COMPILABLE.get(code)
     if ok is None:
-        plain, forced = _skip_reason(code, False), _skip_reason(code, True)
-        if plain is not None:
-            skipfiles.log_skip(code, plain)
-        ok = _COMPILABLE[code] = (plain is None, forced is None)
+        where, forced = skipfiles.skip_reason(code), skipfiles.skip_reason(code, force=True)
+        kind = _uncapturable_kind(code)
+        if where is not None:
+            skipfiles.log_skip(code, where)
+        elif kind is not None:
+            observe.log("dynamo", logging.DEBUG, "%s (%s:%s) is %s: not captured; it runs as a routed copy, so "
+                        "what it calls compiles", code.co_name, code.co_filename, code.co_firstlineno, kind)
+        ok = _COMPILABLE[code] = (where is None and kind is None, forced is None and kind is None,
+                                  where is None and kind is not None)
     return ok
 
 
-def _skip_reason(code, force: bool) -> Optional[str]:
+def _uncapturable_kind(code) -> Optional[str]:
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     if not all(name.isidentifier() for name in code.co_varnames[:n]):
         return "a comprehension's frame"  # `.0`: not a frame a user calls
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
-        return "a generator or coroutine frame"
-    return skipfiles.skip_reason(code, force)
+        return "a generator or coroutine"
+    return None
 
 
 # ---------------------------------------------------------------------- running
@@ -200,13 +208,15 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
     code = fn.__code__
     ok = _COMPILABLE.get(code) or _code_compilable(code)
     if not ok[force]:
+        if ok[2]:
+            return run_routed(fn, args, kwargs, options)
         return fn(*args, **kwargs)
     only = config.debug_function
     if only and code.co_name != only and not code.co_name.startswith(f"engine_resume_in_{only}_at_"):
         return fn(*args, **kwargs)  # TORCHDYNAMO_DEBUG_FUNCTION: compile only this function
     cache = _CACHES.get(code) or cache_for(code)
     if cache.skip:
-        return fn(*args, **kwargs)
+        return run_routed(fn, args, kwargs, options)
     L = bind_frame(cache, fn, args, kwargs)
     G = fn.__globals__
     entries = cache.lookup.get(options.key)
@@ -231,15 +241,22 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
             report_cache_limit(code, mine or cache.entries, L, G,
                                "cache_size_limit" if len(mine) >= config.cache_size_limit
                                else "accumulated_cache_size_limit")
-        return fn(*args, **kwargs)
+        return run_routed(fn, args, kwargs, options)
     from .convert_frame import convert_frame
     entry = convert_frame(fn, L, G, options, cache, mine)
     if entry is None:
         cache.skip = True
-        return fn(*args, **kwargs)
+        observe.log("dynamo", logging.DEBUG, "%s (%s:%s) is not captured: it runs as a routed copy, so what it "
+                    "calls compiles", code.co_name, code.co_filename, code.co_firstlineno)
+        return run_routed(fn, args, kwargs, options)
     cache.entries.append(entry)
     cache.lookup[key] = [entry] + cache.lookup.get(key, [])
     return entry.fn(L, G, fn)
+
+
+def run_routed(fn, args, kwargs, options: CompileOptions):
+    """No frame is lost: `fn` runs a copy of its code whose calls go through the engine."""
+    return routed.routed_function(fn, trampoline_for(options), options.key)(*args, **kwargs)
 
 
 class GradModeExit:
@@ -260,6 +277,17 @@ class GradModeExit:
 
     def __repr__(self):
         return f"GradModeExit(prev={self.prev})"
+
+
+_TRAMPOLINES: dict = {}
+
+
+def trampoline_for(options: CompileOptions) -> Callable:
+    """One trampoline per compile options (routed copies are cached with it)."""
+    t = _TRAMPOLINES.get(options.key)
+    if t is None:
+        t = _TRAMPOLINES[options.key] = make_trampoline(options)
+    return t
 
 
 def make_trampoline(options: CompileOptions) -> Callable:
