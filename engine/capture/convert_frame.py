@@ -354,7 +354,8 @@ def _unsupported_text(gb: GraphBreak) -> str:
 
 
 def _can_resume(inst, frame, code) -> bool:
-    if inst.opname not in _CALL_OPS and inst.opname not in _JUMP_OPS and inst.opname not in _JUMP_OR_POP:
+    if inst.opname not in _CALL_OPS and inst.opname not in _JUMP_OPS and inst.opname not in _JUMP_OR_POP and \
+            inst.opname not in resume_mod.STEP_OPERANDS:
         return False
     if frame.exc_stack:
         return False
@@ -640,6 +641,12 @@ def _break_plan(frame: Frame, inst, code):
         below = stack[:-1]
         detail = ("jump_or_pop", cond, _JUMP_OR_POP[inst.opname], None, None, None)
         resume_offsets = [(next_inst.offset, len(below)), (inst.target.offset, len(below) + 1)]
+    elif inst.opname in resume_mod.STEP_OPERANDS:
+        n = resume_mod.step_operands(inst)
+        operands = stack[len(stack) - n:]
+        below = stack[:len(stack) - n]
+        detail = ("step", None, list(operands), {}, None, None)
+        resume_offsets = [(next_inst.offset, len(below) + resume_mod.step_pushes(inst))]
     else:
         raise GraphBreak("GB0011", f"cannot split the frame at {inst.opname}")
     live = {}
@@ -675,7 +682,9 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
             cell_exprs.append("___make_cell()")
         else:
             cell_exprs.append(cg.expr(cv))
-    if kind in ("call", "call_ex"):
+    if kind == "step":
+        arg_exprs = [cg.expr(a) for a in detail[2]]
+    elif kind in ("call", "call_ex"):
         fn_expr = cg.expr(detail[1])
         arg_exprs = [cg.expr(a) for a in detail[2]]
         kw_exprs = {k: cg.expr(v) for k, v in detail[3].items()}
@@ -688,7 +697,8 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     resumes = []
     for off, depth in resume_offsets:
         live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
-        r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=nulls,
+        slots = nulls + [len(below)] if kind == "step" and inst.is_method_load else nulls  # [NULL, attribute]
+        r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=slots,
                                         name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}",
                                         inside_handlers=bool(blocks))
         resumes.append(r)
@@ -725,7 +735,15 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
         cg.emit("graph_break", f"    ___set_grad_enabled({guard_call!r})  # the with blocks' exits")
         cg.emit("graph_break", "    raise")
 
-    if kind == "call":
+    if kind == "step":  # the instruction itself, run eagerly (engine/capture/resume.step_function)
+        step = cg.const(resume_mod.step_function(inst), "step")
+        if resume_mod.step_pushes(inst):
+            emit_call(f"__r = {step}({', '.join(arg_exprs)})")
+            cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")
+        else:
+            emit_call(f"{step}({', '.join(arg_exprs)})")
+            cg.emit("resume_call", f"return {resume_call(resumes[0], None, len(below))}")
+    elif kind == "call":
         call_args = arg_exprs + [f"{k}={v}" for k, v in kw_exprs.items()]
         emit_call(f"__r = ___trampoline({fn_expr}{''.join(', ' + a for a in call_args)})")
         cg.emit("resume_call", f"return {resume_call(resumes[0], '__r', len(below))}")

@@ -262,3 +262,64 @@ def live_locals(code: types.CodeType, offset: int) -> list[str]:
     live = live_in[index[id(where)]]
     cells = set(code.co_cellvars)
     return [v for v in code.co_varnames if v in live and v not in cells]
+
+
+# ---------------------------------------------------------------------- breaks at any instruction
+
+# Instructions a graph break can split the frame after: each reads its operands from the
+# stack only and pushes at most one value (a method load pushes [NULL, attribute]). Not
+# GET_ITER: iter(it) can be the caller's own iterator, which a resume function must not
+# take for its private loop iterator (builder.wrap_list_iterator).
+# opname -> operands popped (None: from the argument, see _operands).
+STEP_OPERANDS = {
+    "LOAD_ATTR": 1, "LOAD_METHOD": 1, "BINARY_SUBSCR": 2, "BINARY_OP": 2, "COMPARE_OP": 2, "CONTAINS_OP": 2,
+    "IS_OP": 2, "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1, "UNARY_INVERT": 1, "UNARY_NOT": 1,
+    "STORE_ATTR": 2, "STORE_SUBSCR": 3, "DELETE_SUBSCR": 2, "DELETE_ATTR": 1, "BINARY_SLICE": 3, "STORE_SLICE": 4,
+    "BUILD_STRING": None, "FORMAT_VALUE": None, "LIST_TO_TUPLE": 1,
+}
+_PUSHES_NOTHING = ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "DELETE_ATTR", "STORE_SLICE")
+_STEP_FUNCTIONS: dict = {}
+
+
+def step_operands(inst: Instruction) -> int:
+    n = STEP_OPERANDS[inst.opname]
+    if n is not None:
+        return n
+    if inst.opname == "BUILD_STRING":
+        return inst.arg
+    return 2 if inst.arg & 0x04 else 1  # FORMAT_VALUE with a format spec
+
+
+def step_pushes(inst: Instruction) -> int:
+    """Values the instruction leaves on the stack (a method load: NULL and the attribute)."""
+    if inst.opname in _PUSHES_NOTHING:
+        return 0
+    return 2 if inst.is_method_load else 1
+
+
+def step_function(inst: Instruction) -> types.FunctionType:
+    """A function running just `inst` on its arguments (the operands, bottom first) and
+    returning what it pushed (None when nothing; a method load returns the attribute).
+    The generated code runs it eagerly at a graph break on that instruction."""
+    key = (inst.opname, inst.arg, inst.argval if inst.opname != "LOAD_METHOD" else inst.argval, inst.flags)
+    fn = _STEP_FUNCTIONS.get(key)
+    if fn is not None:
+        return fn
+    n = step_operands(inst)
+    names = tuple(f"a{i}" for i in range(n))
+    body = [create_instruction("RESUME", arg=0)] + [create_instruction("LOAD_FAST", argval=a) for a in names]
+    if inst.is_method_load:
+        body.append(inst.copy(opname="LOAD_ATTR", flags=0, exn_tab_entry=None, target=None))
+    else:
+        body.append(inst.copy(exn_tab_entry=None, target=None))
+    if inst.opname in _PUSHES_NOTHING:
+        body.append(create_instruction("LOAD_CONST", argval=None))
+    body.append(create_instruction("RETURN_VALUE"))
+    template = (lambda: None).__code__
+    name = f"engine_step_{inst.opname.lower()}"
+    code = assemble_with_layout(body, template=template, co_name=name, co_qualname=name, co_argcount=n,
+                                co_posonlyargcount=0, co_kwonlyargcount=0, co_varnames=names,
+                                co_flags=template.co_flags & ~CO_NESTED, co_freevars=(), co_cellvars=(),
+                                co_consts=(None,), co_names=())[0]
+    fn = _STEP_FUNCTIONS[key] = types.FunctionType(code, {"__builtins__": __builtins__}, name)
+    return fn
