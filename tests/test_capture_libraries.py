@@ -1,0 +1,273 @@
+"""Code from installed libraries compiles, and no frame is lost: what a user of a real
+library (transformers-style decorators, configs, model outputs) gets from engine.compile."""
+
+import collections
+import copy
+import dataclasses
+import functools
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import pytest
+import torch
+
+import engine
+from engine.capture import skipfiles
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def explain(fn, *args, **kwargs):
+    engine.reset()
+    return engine.explain(fn)(*args, **kwargs)
+
+
+def same(fn, *args, backend="eager"):
+    engine.reset()
+    expected = fn(*args)
+    got = engine.compile(fn, backend=backend)(*args)
+    again = engine.compile(fn, backend=backend)(*args)
+    for out in (got, again):
+        torch.testing.assert_close(out, expected)
+
+
+# ---------------------------------------------------------------------- which code compiles
+
+
+def _code_in(path):
+    return compile("def f(x):\n    return x\n", os.path.join(path, "pkg", "mod.py"), "exec").co_consts[0]
+
+
+def test_the_one_rule_says_what_compiles_and_why_not():
+    paths = sysconfig.get_paths()
+    assert skipfiles.skip_reason(_code_in(paths["purelib"])) is None
+    assert skipfiles.skip_reason(_code_in(paths["stdlib"])) == "the standard library"
+    assert skipfiles.skip_reason(_code_in(os.path.dirname(torch.__file__))) == "torch internals"
+    assert skipfiles.skip_reason(torch.nn.Linear.forward.__code__) is None        # module forwards compile
+    assert skipfiles.skip_reason(engine.compile.__code__) == "the engine itself"
+    assert skipfiles.skip_reason(_code_in("/home/user/project")) is None
+
+
+def test_a_package_installed_into_a_venv_compiles(tmp_path):
+    # In a venv, sysconfig's platstdlib is <venv>/lib/python3.X: a prefix of its site-packages.
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    pkg = os.path.join(site, "tinylib")
+    os.makedirs(pkg)
+    with open(os.path.join(pkg, "__init__.py"), "w") as f:
+        f.write("import torch\n\ndef block(x):\n    return torch.relu(x) * 2 + 1\n")
+    script = textwrap.dedent("""
+        import engine, torch, tinylib
+        out = engine.explain(tinylib.block)(torch.randn(4))
+        print(out.graph_count, out.op_count)
+    """)
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + here))
+    proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[:2] == ["1", "3"], proc.stdout
+
+
+def test_skipped_functions_are_logged_once_with_why(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(textwrap.dedent("""
+        import json, engine, torch
+
+        @engine.compile(backend="eager")
+        def fn(x):
+            s = json.dumps([1, 2])     # the standard library: run at a graph break, never compiled
+            return x + len(s)
+
+        for _ in range(3):
+            fn(torch.ones(2))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TORCH_LOGS="+dynamo", PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    skips = [ln for ln in proc.stderr.splitlines() if "skipping dumps" in ln]
+    assert len(skips) == 1 and "the standard library" in skips[0], proc.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------- no frame is lost
+
+
+def inner(x):
+    return torch.sin(x) * 2
+
+
+def test_a_frame_that_is_not_captured_still_compiles_what_it_calls():
+    def outer(x):
+        try:            # a break inside try: this frame cannot be split
+            print("not traceable")
+            y = inner(x)
+        finally:
+            pass
+        return y
+
+    out = explain(outer, torch.randn(3))
+    assert out.graph_count == 1 and out.ops_per_graph[0]  # inner's graph
+    same(outer, torch.randn(3))
+
+
+def test_a_frame_over_the_cache_limit_still_compiles_what_it_calls():
+    def outer(x, n):
+        return inner(x) + n
+
+    engine.reset()
+    with engine.config.patch(cache_size_limit=1), pytest.warns(RuntimeWarning, match="cache_size_limit"):
+        compiled = engine.compile(outer, backend="eager")
+        for n in range(3):   # a new int each call: recompiles until the limit
+            torch.testing.assert_close(compiled(torch.ones(2), n), outer(torch.ones(2), n))
+    from engine.capture import runtime
+    assert runtime._CACHES[inner.__code__].entries  # inner compiled below the frame over the limit
+
+
+def test_generators_and_their_callees():
+    def gen(xs):
+        for x in xs:
+            yield inner(x)
+
+    def outer(xs):
+        return sum(gen(xs))
+
+    out = explain(outer, [torch.ones(2), torch.zeros(2)])
+    assert out.graph_count >= 1
+    same(outer, [torch.ones(2), torch.zeros(2)])
+
+
+def test_routed_copies_keep_every_calling_convention():
+    from engine.capture import routed
+    seen = []
+
+    def trampoline(fn, *a, **k):
+        seen.append(getattr(fn, "__name__", type(fn).__name__))
+        return fn(*a, **k)
+
+    class A:
+        def m(self, x, y=1):
+            return x + y
+
+    class B(A):
+        def m(self, x, y=1):
+            return super().m(x, y) + 100
+
+    def g(*a, **k):
+        return a, k
+
+    def f(x, xs):
+        r = [A().m(x), B().m(x, y=5), len(xs), g(*xs, **{"k": 1}), g(1, *xs), sorted(xs, key=lambda v: -v)]
+        try:
+            int("bad")
+        except ValueError as e:
+            r.append(str(e)[:7])
+        with open(os.devnull) as fh:
+            r.append(fh.name)
+        return r
+
+    assert routed.routed_function(f, trampoline, -1)(3, [1, -2]) == f(3, [1, -2])
+    assert {"m", "g", "len", "sorted", "open"} <= set(seen)
+
+
+# ---------------------------------------------------------------------- breaks at any instruction
+
+
+class Config:
+    @property
+    def scale(self):
+        print("reading scale")   # a break inside the property: the frame breaks at its LOAD_ATTR
+        return 2.0
+
+
+def test_a_break_inside_a_property_resumes_after_the_attribute_load():
+    def fn(x, cfg):
+        y = x * 2
+        z = y + cfg.scale
+        return z.relu().sum()
+
+    out = explain(fn, torch.randn(3), Config())
+    assert out.graph_count == 2 and out.graph_break_count == 1
+    same(fn, torch.randn(3), Config())
+
+
+# ---------------------------------------------------------------------- what libraries write
+
+
+@dataclasses.dataclass
+class Output(collections.OrderedDict):     # transformers' ModelOutput, in small
+    logits: torch.Tensor = None
+    loss: torch.Tensor = None
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                self[f.name] = v
+
+    def __setattr__(self, name, value):
+        if value is not None and name in {f.name for f in dataclasses.fields(self)}:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+class AliasConfig:
+    attribute_map = {"hidden_size": "d_model"}
+
+    def __init__(self):
+        self.d_model = 4
+        self.return_dict = True
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def returns_tuple_unless_config_says(func):
+    @functools.wraps(func)
+    def wrapper(self, *args, **kwargs):
+        return_dict = kwargs.pop("return_dict", self.config.return_dict)
+        out = func(self, *args, **kwargs)
+        return out if return_dict else out.to_tuple()
+    return wrapper
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = AliasConfig()
+        self.lin = torch.nn.Linear(4, 4)
+
+    @returns_tuple_unless_config_says
+    def forward(self, x, labels=None):
+        import torch.nn.functional as F   # an import of a loaded module inside forward
+        if torch.compiler.is_compiling():
+            x = x + 0
+        h = F.relu(self.lin(x)) * self.config.hidden_size
+        act = torch.nn.GELU()             # a stateless module built in forward
+        cfg = copy.deepcopy(self.config)
+        h = act(h) + cfg.d_model
+        loss = None if labels is None else F.mse_loss(h, labels)
+        return Output(logits=h, loss=loss)
+
+
+def test_a_library_style_model_is_one_graph_with_the_same_results():
+    m = Model()
+    x, y = torch.randn(2, 4), torch.randn(2, 4)
+    out = explain(m, x, y)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
+    engine.reset()
+    compiled = engine.compile(m, backend="aot_eager")
+    got, expected = compiled(x, y), m(x, y)
+    assert type(got) is Output and list(got.keys()) == ["logits", "loss"]
+    torch.testing.assert_close(got.logits, expected.logits)
+    torch.testing.assert_close(got["loss"], expected["loss"])
+    torch.testing.assert_close(compiled(x, return_dict=False)[0], m(x, return_dict=False)[0])
