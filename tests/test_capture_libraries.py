@@ -271,3 +271,37 @@ def test_a_library_style_model_is_one_graph_with_the_same_results():
     torch.testing.assert_close(got.logits, expected.logits)
     torch.testing.assert_close(got["loss"], expected["loss"])
     torch.testing.assert_close(compiled(x, return_dict=False)[0], m(x, return_dict=False)[0])
+
+
+def test_logging_and_warnings_are_replayed_after_the_graph_without_a_break(caplog):
+    import logging
+    import warnings
+    logger = logging.getLogger("tests.mylib")
+
+    def fn(x):
+        logger.warning("scaling by %s", 2)
+        warnings.warn("x is large")
+        return x * 2
+
+    out = explain(fn, torch.ones(2))
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    engine.reset()
+    with caplog.at_level(logging.WARNING, logger="tests.mylib"), pytest.warns(UserWarning, match="x is large"):
+        torch.testing.assert_close(engine.compile(fn, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))
+    assert "scaling by 2" in caplog.text
+
+
+def test_a_module_with_hooks_still_compiles_its_forward():
+    seen = []
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    m[0].register_forward_hook(lambda mod, i, o: seen.append(tuple(o.shape)))
+
+    def step(x):
+        return m(x).sum()
+
+    x = torch.randn(2, 4)
+    assert explain(step, x).graph_count >= 2     # the Linear's forward is a graph of its own
+    seen.clear()
+    engine.reset()
+    torch.testing.assert_close(engine.compile(step, backend="eager")(x), step(x))
+    assert seen == [(2, 4), (2, 4)]              # the hook ran once per call, compiled and eager

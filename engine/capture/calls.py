@@ -7,6 +7,8 @@ from __future__ import annotations
 import builtins
 import collections
 import copy
+import logging
+import warnings
 import dataclasses
 import functools
 import inspect
@@ -108,6 +110,16 @@ _OLD_IS_COMPILING = {("torch._dynamo.external_utils", "is_compiling"), ("torch._
 def defer_logging_call(tx, fn, args, kwargs):
     tx.out.deferred_calls.append((fn, list(args), dict(kwargs)))
     return ConstantVariable(None)
+
+
+def is_logging_call(fn) -> bool:
+    """A `logging.Logger` method (transformers' `logger.warning_once` too) or `warnings.warn`:
+    replayed after the graph, in order, with the values it was given (no graph break)."""
+    if fn is warnings.warn:
+        return True
+    owner = getattr(fn, "__self__", None)
+    return isinstance(owner, (logging.Logger, logging.LoggerAdapter)) and \
+        getattr(fn, "__name__", "") not in ("setLevel", "addHandler", "removeHandler", "addFilter", "removeFilter")
 
 
 def inline_user_function(tx, fn, args, kwargs, source):
@@ -289,8 +301,11 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         raise GraphBreak("GB0002", repr(fn))
     if _hashable(fn) and (fn in api._DISALLOWED):
         raise GraphBreak("GB0006", repr(fn))
-    if _hashable(fn) and fn in config.reorderable_logging_functions:
+    if _hashable(fn) and fn in config.reorderable_logging_functions or is_logging_call(fn):
         return defer_logging_call(tx, fn, args, kwargs)
+    if isinstance(fn, functools._lru_cache_wrapper):
+        # a cached function is traced through: what it returns does not depend on the cache
+        return tx.call(tx.out.builder.wrap_sourceless(fn.__wrapped__), args, kwargs)
     if is_torch_op(fn) or (_hashable(fn) and fn in api._ALLOWED):
         if fn in TORCH_CONSTANT_FOLD:
             return TORCH_CONSTANT_FOLD[fn](tx, args, kwargs)

@@ -1667,6 +1667,11 @@ class Frame:
             return ConstantVariable(None)
         if m.fn is _dict_read and isinstance(obj, ObjectVariable):
             return self.existing_dict_read(obj, m.name, args, kwargs)
+        if isinstance(obj, ObjectVariable) and isinstance(obj.value, (logging.Logger, logging.LoggerAdapter)):
+            from .calls import defer_logging_call, is_logging_call
+            real = getattr(obj.value, m.name)
+            if is_logging_call(real):
+                return defer_logging_call(self, real, args, kwargs)
         if m.fn is not None:
             return self.call_python_function(m.fn, [obj] + list(args), kwargs, None, bound_self=obj)
         if isinstance(obj, TensorVariable):

@@ -301,8 +301,14 @@ def make_trampoline(options: CompileOptions) -> Callable:
             if inner is not None:
                 return optimizer_step(fn.__self__, inner, options)
             return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options)
-        if isinstance(fn, torch.nn.Module) and _plain_module_call(fn):
-            return run_function(type(fn).forward, (fn,) + args, kwargs, options)
+        if isinstance(fn, torch.nn.Module):
+            if _plain_module_call(fn):
+                return run_function(type(fn).forward, (fn,) + args, kwargs, options)
+            call = type(fn).__call__
+            if isinstance(call, types.FunctionType):
+                # hooks or an instance-level forward: Module.__call__ itself is the frame (what
+                # PEP 523 sees first), captured or run routed, so forward still compiles
+                return run_function(call, (fn,) + args, kwargs, options)
         return fn(*args, **kwargs)
 
     return trampoline
