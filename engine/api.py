@@ -160,6 +160,8 @@ def disable(fn=None, recursive: bool = True):
         return orig(*args, **kwargs)
 
     run_eagerly._engine_disabled = True
+    if not recursive and isinstance(orig, types.FunctionType):
+        run_eagerly._engine_routed = orig  # called from compiled code: a routed copy, its callees compile
     _DISALLOWED.add(run_eagerly)
     return run_eagerly
 

@@ -305,3 +305,47 @@ def test_a_module_with_hooks_still_compiles_its_forward():
     engine.reset()
     torch.testing.assert_close(engine.compile(step, backend="eager")(x), step(x))
     assert seen == [(2, 4), (2, 4)]              # the hook ran once per call, compiled and eager
+
+
+def test_disable_without_recursion_still_compiles_the_callees():
+    def helper(x):
+        print("eager")          # disabled: never traced
+        return inner(x)
+
+    plain = engine.disable(helper, recursive=False)
+
+    def fn(x):
+        return plain(x) + 1
+
+    engine.reset()
+    compiled = engine.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2)), fn(torch.ones(2)))
+    from engine.capture import runtime
+    assert runtime._CACHES[inner.__code__].entries   # inner compiled below the disabled frame
+    assert helper.__code__ not in runtime._CACHES or not runtime._CACHES[helper.__code__].entries
+
+
+def test_what_a_routed_frame_cannot_route_runs_eagerly_and_correctly():
+    # docs/capture.md "No frame is lost": calls made by C code in a frame that is not captured
+    def key(v):
+        return float(torch.sin(torch.tensor(v)))
+
+    class Holder:
+        def __init__(self, x):
+            self.y = torch.cos(x)
+
+    def outer(xs, x):
+        try:
+            print("not traceable")
+            order = sorted(xs, key=key)     # sorted calls key from C
+            h = Holder(x)                   # type.__call__ runs __init__ from C
+        finally:
+            pass
+        return order, h.y + inner(x)
+
+    engine.reset()
+    got = engine.compile(outer, backend="eager")([3.0, 1.0, 2.0], torch.ones(2))
+    assert got[0] == [3.0, 1.0, 2.0] and torch.allclose(got[1], outer([3.0, 1.0, 2.0], torch.ones(2))[1])
+    from engine.capture import runtime
+    compiled = {c.co_name for c, cache in runtime._CACHES.items() if cache.entries}
+    assert "inner" in compiled and "key" not in compiled and "__init__" not in compiled

@@ -203,8 +203,11 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
     """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
     `optimizer_step`), as PEP 523 would see its frame."""
     # the hit path: every test below is a few attribute reads (should_compile is cached per code)
-    if _state.disabled or type(fn) is not _FunctionType or getattr(fn, "_engine_disabled", False):
+    if _state.disabled or type(fn) is not _FunctionType:
         return fn(*args, **kwargs)
+    if getattr(fn, "_engine_disabled", False):
+        inner = getattr(fn, "_engine_routed", None)  # engine.disable(f, recursive=False)
+        return fn(*args, **kwargs) if inner is None else run_routed(inner, args, kwargs, options)
     code = fn.__code__
     ok = _COMPILABLE.get(code) or _code_compilable(code)
     if not ok[force]:
