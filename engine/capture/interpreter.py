@@ -1434,9 +1434,9 @@ class Frame:
 
     def _class_attr(self, obj, name, static, src):
         builder = self.out.builder
-        if getattr(obj, "dict_vt", None) is not None and isinstance(static, _C_METHODS) and \
+        if isinstance(static, _C_METHODS) and issubclass(obj.cls, dict) and \
                 any(k.__dict__.get(name) is static for k in (dict, collections.OrderedDict)):
-            return BoundMethodVariable(obj.dict_vt, name)
+            return self.dict_items_method(obj, name)
         if isinstance(static, types.FunctionType):
             return BoundMethodVariable(obj, name, static)
         if isinstance(static, staticmethod):
@@ -1492,9 +1492,22 @@ class Frame:
         """`dict.<name>` of a dict subclass object, on its items (not its Python overrides)."""
         if obj.dict_vt is not None:
             return BoundMethodVariable(obj.dict_vt, name)
-        if obj.source is not None and isinstance(obj.value, dict) and name in ("get", "__getitem__", "__contains__"):
-            return BoundMethodVariable(obj, name, _dict_read)
+        if obj.source is not None and isinstance(obj.value, dict):
+            if name in ("get", "__getitem__", "__contains__"):
+                return BoundMethodVariable(obj, name, _dict_read)   # one key read, one key guarded
+            if name in ("keys", "items", "values", "__len__", "__iter__", "copy"):
+                return BoundMethodVariable(self.existing_dict_items(obj), name)
         raise GraphBreak("GB0011", f"dict.{name} of an existing {obj.cls.__name__} object")
+
+    def existing_dict_items(self, obj: ObjectVariable):
+        """The items of a dict subclass object from outside the frame, read through dict itself
+        and guarded on its keys: a copy to read (a mutation method breaks before reaching it)."""
+        keys = list(dict.keys(obj.value))
+        if not all(isinstance(k, (str, int)) for k in keys):
+            raise GraphBreak("GB0011", f"items of a {obj.cls.__name__} with non-constant keys")
+        self.out.add_guard("EQUALS_MATCH", DictItemSource(obj.source, None, "keys"), keys)
+        wrap = self.out.builder.wrap
+        return DictVariable({k: wrap(dict.__getitem__(obj.value, k), DictItemSource(obj.source, k)) for k in keys})
 
     def existing_dict_read(self, obj: ObjectVariable, name: str, args, kwargs):
         """get / [] / in on a dict subclass object from outside the frame: one key read,

@@ -72,12 +72,15 @@ class DictValueSource(Source):
 @dataclasses.dataclass(frozen=True)
 class DictItemSource(Source):
     """An item of a dict subclass object read through dict itself (`super().get(k)`),
-    past the class's own __getitem__; `method` "__contains__" is whether it is there."""
+    past the class's own __getitem__; `method` "__contains__" is whether it is there,
+    "keys" the list of all its keys."""
     base: Source
     index: object
     method: str = "__getitem__"
 
     def name(self) -> str:
+        if self.method == "keys":  # all of them, in order
+            return f"list(dict.keys({self.base.name()}))"
         return f"dict.{self.method}({self.base.name()}, {self.index!r})"
 
 
