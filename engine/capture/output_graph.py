@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
@@ -33,7 +34,16 @@ _SIDE_EFFECT_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, operator
                           operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul}
 
 
+def _version(t: torch.Tensor):
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter: the op name decides
+        return None
+
+
 def _is_mutating(node: torch.fx.Node) -> bool:
+    if node.meta.get("mutates"):
+        return True
     if node.op == "call_method":
         name = node.target
         return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__",)
@@ -172,6 +182,11 @@ class OutputGraph:
         from .tensor_ops import to_fake, to_proxy
 
         fargs, fkwargs = to_fake(args), to_fake(kwargs)
+        # Whether the op writes to a tensor it was given comes from the aten ops it ran: the
+        # autograd layer bumps the version counter of every `Tensor(a!)` argument (and of the
+        # views sharing it), whatever the Python spelling (`inplace=True`, `out=`, `relu_`).
+        tensors = [t for t in pytree.tree_leaves((fargs, fkwargs)) if isinstance(t, torch.Tensor)]
+        versions = [_version(t) for t in tensors]
         try:
             with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
                 if kind == "call_method":
@@ -188,6 +203,8 @@ class OutputGraph:
         pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
         proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)
         proxy.node.meta["example_value"] = result
+        if any(_version(t) != v for t, v in zip(tensors, versions)):
+            proxy.node.meta["mutates"] = True
         if isinstance(result, torch.Tensor):
             proxy.node.meta["val"] = result
         proxy.node.meta["stack_trace"] = self._stack_trace()
