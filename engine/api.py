@@ -12,14 +12,10 @@ from typing import Optional
 import torch
 
 from .backends import lookup_backend
+from .capture.runtime import OptimizedModule
+from .markers import ALLOWED, DISALLOWED, graph_break  # noqa: F401  (graph_break: engine.graph_break)
 
-_ALLOWED: set = set()      # callables put in the graph as-is (allow_in_graph)
-_DISALLOWED: set = set()   # callables that always break the graph (disallow_in_graph)
 _option_keys = itertools.count(1)
-
-
-def graph_break() -> None:
-    """Force a graph break here when compiled; a no-op when run eagerly."""
 
 
 def _resolve_backend(backend):
@@ -50,33 +46,6 @@ def _with_inductor_options(fn, mode, options):
         return fn(gm, example_inputs, mode=mode, options=options)
     backend.__name__ = getattr(fn, "__name__", "inductor")
     return backend
-
-
-class OptimizedModule(torch.nn.Module):
-    """`engine.compile(module)`: calls compile the module's forward with `self` as
-    L['self']. The original module is `_orig_mod`; attribute access forwards to it."""
-
-    _engine_opts = None
-
-    def __init__(self, mod: torch.nn.Module, opts) -> None:
-        super().__init__()
-        self._orig_mod = mod
-        object.__setattr__(self, "_engine_opts", opts)
-
-    def __call__(self, *args, **kwargs):
-        from .capture.runtime import call_compiled_module
-        return call_compiled_module(self._orig_mod, args, kwargs, self._engine_opts)
-
-    def forward(self, *args, **kwargs):
-        return self.__call__(*args, **kwargs)
-
-    def __getattr__(self, name):
-        if name == "_orig_mod":
-            return self._modules["_orig_mod"]
-        return getattr(self._modules["_orig_mod"], name)
-
-    def __repr__(self):
-        return f"OptimizedModule({self._orig_mod!r})"
 
 
 def _wrap_function(fn, opts):
@@ -162,21 +131,21 @@ def disable(fn=None, recursive: bool = True):
     run_eagerly._engine_disabled = True
     if not recursive and isinstance(orig, types.FunctionType):
         run_eagerly._engine_routed = orig  # called from compiled code: a routed copy, its callees compile
-    _DISALLOWED.add(run_eagerly)
+    DISALLOWED.add(run_eagerly)
     return run_eagerly
 
 
 def allow_in_graph(fn):
     """Put calls to `fn` in the graph as one node (it must be traceable with FakeTensors)."""
-    _ALLOWED.add(fn)
-    _DISALLOWED.discard(fn)
+    ALLOWED.add(fn)
+    DISALLOWED.discard(fn)
     return fn
 
 
 def disallow_in_graph(fn):
     """Calls to `fn` always break the graph and run eagerly."""
-    _DISALLOWED.add(fn)
-    _ALLOWED.discard(fn)
+    DISALLOWED.add(fn)
+    ALLOWED.discard(fn)
     return fn
 
 

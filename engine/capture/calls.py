@@ -19,7 +19,7 @@ import torch
 
 import observe
 
-from .. import config
+from .. import config, markers
 from . import numpy_ops, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
@@ -32,11 +32,6 @@ from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionV
 
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
-
-
-def _markers():
-    from .. import api
-    return api
 
 
 def _module_of(fn) -> str:
@@ -69,18 +64,17 @@ def call_python_function(tx, fn, args, kwargs, source):
         return comptime_handler(tx, args, kwargs)
     if numpy_ops.has_numpy(args, kwargs) and numpy_ops.numpy_callable_name(fn) is not None:
         return numpy_ops.call_numpy_function(tx, fn, args, kwargs)  # np.mean(arr) & co: torch._numpy
-    api = _markers()
     inner = getattr(fn, "_engine_orig", None)
     if inner is not None and not getattr(fn, "_engine_disabled", False):
         # an engine.compile'd function called from compiled code: trace the original
         return tx.call(tx.out.builder.wrap_sourceless(inner), args, kwargs)
-    if fn is api.graph_break:
+    if fn is markers.graph_break:
         raise GraphBreak("GB0005")
-    if getattr(fn, "_engine_disabled", False) or fn in api._DISALLOWED:
+    if getattr(fn, "_engine_disabled", False) or fn in markers.DISALLOWED:
         raise GraphBreak("GB0006", getattr(fn, "__qualname__", repr(fn)))
     if fn in config.reorderable_logging_functions:
         return defer_logging_call(tx, fn, args, kwargs)
-    if fn in api._ALLOWED:
+    if fn in markers.ALLOWED:
         return call_torch_op(tx, fn, args, kwargs)
     if fn.__code__.co_filename.startswith(skipfiles.ENGINE_DIRS):
         raise GraphBreak("GB0013", f"engine internals ({fn.__qualname__})")
@@ -276,8 +270,7 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
     fn = fnv.value
     if fn is None:
         raise GraphBreak("GB0013", f"call of a {fnv.cls.__name__} instance built in the trace")
-    api = _markers()
-    if fn is api.graph_break:
+    if fn is markers.graph_break:
         raise GraphBreak("GB0005")
     special = SPECIAL_FUNCTIONS.get(fn) if _hashable(fn) else None
     if special is not None:
@@ -299,14 +292,14 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         if isinstance(fn.__func__, types.FunctionType):
             return call_python_function(tx, fn.__func__, [self_vt] + list(args), kwargs, None)
         raise GraphBreak("GB0002", repr(fn))
-    if _hashable(fn) and (fn in api._DISALLOWED):
+    if _hashable(fn) and (fn in markers.DISALLOWED):
         raise GraphBreak("GB0006", repr(fn))
     if _hashable(fn) and fn in config.reorderable_logging_functions or is_logging_call(fn):
         return defer_logging_call(tx, fn, args, kwargs)
     if isinstance(fn, functools._lru_cache_wrapper):
         # a cached function is traced through: what it returns does not depend on the cache
         return tx.call(tx.out.builder.wrap_sourceless(fn.__wrapped__), args, kwargs)
-    if is_torch_op(fn) or (_hashable(fn) and fn in api._ALLOWED):
+    if is_torch_op(fn) or (_hashable(fn) and fn in markers.ALLOWED):
         if fn in TORCH_CONSTANT_FOLD:
             return TORCH_CONSTANT_FOLD[fn](tx, args, kwargs)
         return call_torch_op(tx, fn, args, kwargs)
@@ -353,7 +346,7 @@ def _hashable(x) -> bool:
 
 def call_module(tx, mv: ObjectVariable, args, kwargs):
     m = mv.value
-    if isinstance(m, _markers().OptimizedModule):
+    if isinstance(m, runtime.OptimizedModule):
         inner = m._orig_mod
         return call_module(tx, tx.out.builder.wrap(inner, AttrSource(mv.source, "_orig_mod")) if mv.source
                            else tx.out.builder.wrap_sourceless(inner), args, kwargs)

@@ -400,3 +400,29 @@ def call_compiled_module(m, args, kwargs, options):
     if _plain_module_call(m):
         return run_function(type(m).forward, (m,) + tuple(args), kwargs, options)
     return m(*args, **kwargs)
+
+
+class OptimizedModule(torch.nn.Module):
+    """`engine.compile(module)`: calls compile the module's forward with `self` as
+    L['self']. The original module is `_orig_mod`; attribute access forwards to it."""
+
+    _engine_opts = None
+
+    def __init__(self, mod: torch.nn.Module, opts) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        object.__setattr__(self, "_engine_opts", opts)
+
+    def __call__(self, *args, **kwargs):
+        return call_compiled_module(self._orig_mod, args, kwargs, self._engine_opts)
+
+    def forward(self, *args, **kwargs):
+        return self.__call__(*args, **kwargs)
+
+    def __getattr__(self, name):
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._modules["_orig_mod"], name)
+
+    def __repr__(self):
+        return f"OptimizedModule({self._orig_mod!r})"
