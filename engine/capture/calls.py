@@ -286,6 +286,8 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         return call_module(tx, fnv, args, kwargs)
     if isinstance(fn, types.FunctionType):
         return call_python_function(tx, fn, args, kwargs, fnv.source)
+    if is_logging_call(fn):
+        return defer_logging_call(tx, fn, args, kwargs)
     if isinstance(fn, types.MethodType):
         self_vt = tx.out.builder.wrap(fn.__self__, AttrSource(fnv.source, "__self__")) if fnv.source else \
             tx.out.builder.wrap_sourceless(fn.__self__)

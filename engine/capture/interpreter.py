@@ -986,6 +986,12 @@ class Frame:
                 return True
             if v.dict_vt is not None and getattr(cls, "__bool__", None) is None and cls.__len__ is dict.__len__:
                 return len(v.dict_vt.items) > 0
+            for name in ("__bool__", "__len__"):  # as Python asks: __bool__, else __len__
+                meth = getattr(cls, name, None)
+                if isinstance(meth, types.FunctionType) and not isinstance(v.value, torch.nn.Module):
+                    return self.truth(self.inline_function(meth, [v], {}, None))
+                if meth is not None:
+                    break
             if v.value is not None and not v.attrs and (v.value is None or is_constant_value(v.value)):
                 return bool(v.value)
         raise GraphBreak("GB0011", f"truth value of {type(v).__name__}")

@@ -22,12 +22,18 @@ _EXTRA = [
 ]
 
 # Kept whole: random ops (same generator stream as eager), ops we lower directly and whose
-# decompositions would be slower or change numerics.
+# decompositions would be slower or change numerics, and the fused attention kernels
+# (extern calls): torch's decomposition of a flash-attention forward returns the attention
+# weights where the kernel returns its logsumexp, which the backward kernel (never
+# decomposed) reads, so a decomposed forward gives wrong gradients.
 _KEEP = {
     aten.bernoulli.default, aten.native_dropout.default, aten.rand_like.default, aten.randn_like.default,
     aten.rsqrt.default, aten.sign.default, aten.cumsum.default,
     aten.arange.default, aten.arange.start,
-}
+} | {getattr(aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable") if hasattr(aten, name)}
 
 
 def _var_mean(x, dim=None, *, correction=None, keepdim=False):
