@@ -214,6 +214,19 @@ def output_loss(out) -> torch.Tensor:
     raise TypeError(f"no loss in a {type(out).__name__}")
 
 
+def torchvision_model(name: str):
+    """A torchvision model at its real size, random init (weights=None): GPU machines only
+    (PyPI's torchvision does not import beside the CPU build of torch)."""
+    def build():
+        import torchvision
+        return getattr(torchvision.models, name)(weights=None)
+    return build
+
+
+def torchvision_inputs(model, gen):
+    return {"x": torch.randn(BATCH, 3, 224, 224, generator=gen)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
     name: str
@@ -223,6 +236,7 @@ class Entry:
     loss: Callable[[Any], torch.Tensor] = output_loss
     modes: tuple = ("infer", "train")
     small: bool = False                       # in the quick inductor sample (tests/test_zoo.py)
+    needs: str = "transformers"               # the library that builds it
 
     def supports(self, mode: str) -> bool:
         return mode in self.modes
@@ -243,25 +257,28 @@ ENTRIES: list[Entry] = [
     Entry("CLIPModel", clip, clip_inputs),
     Entry("GPT2LMHeadModel.generate", gpt2, generate_inputs, kind="generate", modes=("infer",)),
     Entry("LlamaForCausalLM.generate", llama, generate_inputs, kind="generate", modes=("infer",)),
+    Entry("torchvision.resnet50", torchvision_model("resnet50"), torchvision_inputs, needs="torchvision"),
+    Entry("torchvision.vit_b_16", torchvision_model("vit_b_16"), torchvision_inputs, needs="torchvision"),
 ]
 
 ZOO: dict[str, Entry] = {e.name: e for e in ENTRIES}
 
 
 def names(mode: Optional[str] = None) -> list[str]:
-    return [e.name for e in ENTRIES if mode is None or e.supports(mode)]
+    """The entries whose library imports here (torchvision ones only on GPU machines)."""
+    return [e.name for e in ENTRIES if (mode is None or e.supports(mode)) and available(e.needs) is None]
 
 
-def available() -> Optional[str]:
-    """None when transformers imports, else why not."""
+def available(library: str = "transformers") -> Optional[str]:
+    """None when the library imports, else why not."""
     try:
-        import transformers  # noqa: F401
-    except Exception as exc:  # ImportError, or a transformers that fails to import
+        __import__(library)
+    except Exception as exc:  # ImportError, or a library that fails to import (torchvision beside CPU torch)
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def build(name: str, mode: str = "infer", seed: int = SEED):
+def build(name: str, mode: str = "infer", seed: int = SEED, device: str = "cpu", dtype=None):
     """(model, inputs) for an entry: the same weights and inputs on every call with the
     same seed. The model is in eval() for "infer", train() for "train"."""
     entry = ZOO[name]
@@ -269,4 +286,9 @@ def build(name: str, mode: str = "infer", seed: int = SEED):
     model = entry.build()
     model.train(mode == "train")
     gen = torch.Generator().manual_seed(seed + 1)
-    return model, entry.inputs(model, gen)
+    inputs = entry.inputs(model, gen)
+    if device != "cpu" or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
+        inputs = {k: (v.to(device=device, dtype=dtype if v.is_floating_point() else None)
+                      if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    return model, inputs

@@ -42,6 +42,7 @@ import torch
 from . import models
 
 RTOL = ATOL = 1e-4
+DEVICE = ["cpu", None]   # --device, --dtype
 
 
 # ---------------------------------------------------------------------------- comparing
@@ -322,7 +323,7 @@ def run_model(name: str, impls: list, backend: str, mode: str, rtol: float, atol
                  "error": f"{entry.kind} entry: modes {', '.join(entry.modes)}"} for impl in impls]
     try:
         with time_limit(timeout):
-            base, inputs = models.build(name, mode)
+            base, inputs = models.build(name, mode, device=DEVICE[0], dtype=DEVICE[1])
             ref = reference(name, mode, base, inputs)
     except (Exception, ModelTimeout) as exc:
         return [{"model": name, "impl": impl, "backend": backend, "mode": mode, "status": "error",
@@ -404,6 +405,8 @@ def parse_args(argv=None):
     ap.add_argument("--models", default="", help="comma-separated names (default: all); --list shows them")
     ap.add_argument("--compare", action="store_true", help="run the engine and torch.compile side by side")
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the torchvision entries need a GPU machine)")
+    ap.add_argument("--dtype", default=None, help="cast models and float inputs, e.g. bfloat16 (pass --rtol/--atol)")
     ap.add_argument("--rtol", type=float, default=RTOL)
     ap.add_argument("--atol", type=float, default=ATOL)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per model (0: none)")
@@ -419,6 +422,7 @@ def main(argv=None) -> int:
         for e in models.ENTRIES:
             print(f"{e.name:<40} {e.kind:<9} {','.join(e.modes)}")
         return 0
+    DEVICE[:] = [args.device, getattr(torch, args.dtype) if args.dtype else None]
     missing = models.available()
     if missing:
         print(f"zoo: transformers is not importable ({missing})", file=sys.stderr)
