@@ -349,3 +349,31 @@ def test_what_a_routed_frame_cannot_route_runs_eagerly_and_correctly():
     from engine.capture import runtime
     compiled = {c.co_name for c, cache in runtime._CACHES.items() if cache.entries}
     assert "inner" in compiled and "key" not in compiled and "__init__" not in compiled
+
+
+def test_torch_helpers_libraries_call_are_traced():
+    # nn.MultiheadAttention's fast-path checks, torch._assert on shapes (torchvision's ViT),
+    # @torch.no_grad() as a decorator (rotary embeddings), a layer's own __call__ ending in
+    # super().__call__ (transformers' GradientCheckpointingLayer)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+
+    class Rot(torch.nn.Module):
+        @torch.no_grad()
+        def forward(self, x):
+            return x.cos()
+
+    class Layer(torch.nn.Linear):
+        def __call__(self, *args, **kwargs):
+            return super().__call__(*args, **kwargs)
+
+    rot, layer = Rot(), Layer(16, 16)
+
+    def f(x):
+        torch._assert(x.shape[-1] == 16, "bad dim")
+        y, _ = mha(x, x, x, need_weights=False)
+        return layer(y) + rot(x)
+
+    x = torch.randn(2, 5, 16)
+    out = explain(f, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
+    same(f, x, backend="aot_eager")

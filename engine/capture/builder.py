@@ -47,8 +47,8 @@ def wrap_constant(value: Any) -> VariableTracker:
     if isinstance(value, tuple):
         cls = type(value)
         return TupleVariable([wrap_constant(v) for v in value], cls=cls)
-    if type(value) is dict:
-        return DictVariable({k: wrap_constant(v) for k, v in value.items()})
+    if type(value) in (dict, collections.OrderedDict):
+        return DictVariable({k: wrap_constant(v) for k, v in value.items()}, cls=type(value))
     if isinstance(value, (set, frozenset)):
         return SetVariable(list(value), cls=type(value))
     if type(value) is types.MappingProxyType:  # read-only (a class __dict__, Signature.parameters): a copy reads the same

@@ -50,8 +50,9 @@ def _inlinable_torch(fn) -> bool:
         # the optimizers' own code (not a wrapper that only borrowed an optimizer's name); opt.step()
         # itself is a graph break whose inner step compiles as its own frame (runtime.optimizer_step)
         return not runtime.is_optimizer_step_wrapper(fn)
+    # torch.utils._contextlib: `@torch.no_grad()` / `@torch.enable_grad()` as decorators
     return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
-        mod in ("torch.nn.parameter", "torch.utils._foreach_utils")
+        mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib")
 
 
 # ---------------------------------------------------------------------- Python functions
@@ -83,6 +84,9 @@ def call_python_function(tx, fn, args, kwargs, source):
     special = SPECIAL_FUNCTIONS.get(fn)
     if special is not None:
         return special(tx, args, kwargs)
+    if fn in _MODULE_CALLS and args and isinstance(args[0], ObjectVariable) and \
+            isinstance(args[0].value, torch.nn.Module):
+        return call_module_hooks_checked(tx, args[0], args[1:], kwargs)
     if (_module_of(fn), fn.__qualname__) in _OLD_IS_COMPILING:
         return ConstantVariable(True)  # torch._dynamo.is_compiling(), which libraries still call
     if _is_torch(fn) and not _inlinable_torch(fn):
@@ -358,12 +362,33 @@ def call_module(tx, mv: ObjectVariable, args, kwargs):
             module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks or \
             getattr(module_mod, "_global_backward_pre_hooks", None):
         raise GraphBreak("GB0014", type(m).__name__)
-    forward = type(m).forward
-    if not isinstance(forward, types.FunctionType):
-        raise GraphBreak("GB0013", f"{type(m).__name__}.forward is not a Python function")
     if type(m).__call__ is not torch.nn.Module.__call__ and isinstance(type(m).__call__, types.FunctionType) and \
             not _is_torch(type(m).__call__):
         return call_python_function(tx, type(m).__call__, [mv] + list(args), kwargs, None)
+    return inline_forward(tx, mv, args, kwargs)
+
+
+_MODULE_CALLS = {torch.nn.Module.__call__, torch.nn.Module._call_impl}
+
+
+def call_module_hooks_checked(tx, mv, args, kwargs):
+    """`super().__call__(...)` from a module class's own __call__: nn.Module's call itself."""
+    from torch.nn.modules import module as module_mod
+    m = mv.value
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or \
+            module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks or \
+            module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks:
+        raise GraphBreak("GB0014", type(m).__name__)
+    return inline_forward(tx, mv, args, kwargs)
+
+
+def inline_forward(tx, mv: ObjectVariable, args, kwargs):
+    """What nn.Module.__call__ does without hooks: the module's forward, inlined (a class's own
+    __call__ that ends in `super().__call__(...)` gets here too)."""
+    m = mv.value
+    forward = type(m).forward
+    if not isinstance(forward, types.FunctionType):
+        raise GraphBreak("GB0013", f"{type(m).__name__}.forward is not a Python function")
     if "forward" in m.__dict__:
         raise GraphBreak("GB0013", "module with an instance-level forward")
     return inline_user_function(tx, forward, [mv] + list(args), kwargs, None)
@@ -1018,6 +1043,17 @@ def _has_torch_function(tx, args, kwargs):
     return ConstantVariable(any(overrides(a) for a in args))
 
 
+def _torch_assert(tx, args, kwargs):
+    """torch._assert(cond, message): checked now when cond is known (a shape test)."""
+    cond = args[0] if args else kwargs["condition"]
+    if isinstance(cond, TensorVariable):
+        raise GraphBreak("GB0010", "torch._assert on a tensor value")
+    if not tx.truth(cond):
+        msg = args[1] if len(args) > 1 else kwargs.get("message", ConstantVariable(""))
+        raise tx.exception(AssertionError, tx.as_python(msg))
+    return ConstantVariable(None)
+
+
 def _call_weakref(tx, ref_vt, args):
     target = ref_vt.value()
     return tx.out.builder.wrap_sourceless(target)
@@ -1043,6 +1079,10 @@ def _state_queries():
         overrides.has_torch_function_unary: _has_torch_function,
         overrides.has_torch_function_variadic: _has_torch_function,
     }
+    import torch.utils._python_dispatch as python_dispatch
+    table[torch._assert] = _torch_assert
+    table[python_dispatch._get_current_dispatch_mode_stack] = lambda tx, a, k: ListVariable([])  # none in user code
+    table[python_dispatch.is_in_torch_dispatch_mode] = _fixed(False)
     for name, value in (("is_compiling", True), ("is_dynamo_compiling", True), ("is_exporting", False)):
         fn = getattr(torch.compiler, name, None)
         if fn is not None:
