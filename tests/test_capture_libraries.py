@@ -377,3 +377,20 @@ def test_torch_helpers_libraries_call_are_traced():
     out = explain(f, x)
     assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
     same(f, x, backend="aot_eager")
+
+
+def test_a_break_deep_in_the_call_stack_is_reported_once():
+    def leaf(x):
+        print("inside")           # the one break
+        return x + 1
+
+    def middle(x):
+        return leaf(x * 2) * 3
+
+    def top(x):
+        return middle(x - 1).sum()
+
+    out = explain(top, torch.ones(2))
+    assert len(out.break_reasons) == 1, [str(r) for r in out.break_reasons]
+    assert [f[2] for f in out.break_reasons[0].user_stack] == ["top", "middle", "leaf"]
+    same(top, torch.ones(2))

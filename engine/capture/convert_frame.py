@@ -91,9 +91,20 @@ def break_message(gb: GraphBreak) -> str:
             f"\n For more details about this graph break, see docs/graph_breaks.md#{k.id.lower()}")
 
 
-def emit_graph_break(gb: GraphBreak, code) -> None:
+def break_root(gb: GraphBreak):
+    """Where a break happened (file, line, kind): the same for every frame it splits."""
+    stack = gb.user_stack or []
+    return (stack[-1][0], stack[-1][1], gb.kind.id) if stack else None
+
+
+def emit_graph_break(gb: GraphBreak, code, reported=None) -> None:
     stack = gb.user_stack or []
     where = stack[-1] if stack else (code.co_filename, code.co_firstlineno, code.co_name, "")
+    if reported is not None and break_root(gb) == reported:
+        # the frame that called this one broke on this same break and reported it
+        observe.log("dynamo", logging.DEBUG, "graph break at %s:%s in %s, reported by the calling frame", where[0],
+                    where[1], code.co_name)
+        return
     if observe.enabled("artifact", "graph_breaks"):
         def payload():
             return (f"Graph break in user code at {where[0]}:{where[1]}\n"
@@ -170,7 +181,9 @@ def _emit_recompile_reasons(code, previous, L, G) -> None:
 # ---------------------------------------------------------------------- the entry point
 
 
-def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCache, previous) -> Optional[CacheEntry]:
+def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCache, previous,
+                  reported=None) -> Optional[CacheEntry]:
+    """`reported`: see runtime.make_trampoline."""
     code = fn.__code__
     frame_id = frame_id_for(code)
     compile_index = cache.compiles
@@ -209,7 +222,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
                                      lambda: bc.format_code(code, regions=False), log="bytecode")
                 t_attempt = time.time()
                 with observe.stage("entire_frame_compile", fn_name=code.co_name):
-                    result = _attempt(fn, L, G, options, breakpoint, cid, metrics)
+                    result = _attempt(fn, L, G, options, breakpoint, cid, metrics, reported)
                 if isinstance(result, BreakPoint):
                     observe.log("dynamo", logging.DEBUG, "Restarting analysis due to a graph break at offset %s: %s",
                                 result.offset, result.gb.message())
@@ -274,7 +287,7 @@ def _top_frame(fn, L, G, breakpoint):
     return out, frame
 
 
-def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
+def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, reported=None):
     code = fn.__code__
     try:
         out, frame = _top_frame(fn, L, G, breakpoint)
@@ -283,7 +296,7 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
         gb.user_stack = gb.user_stack or [(code.co_filename, code.co_firstlineno, code.co_name, "")]
         if options.fullgraph:
             raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code)
+        emit_graph_break(gb, code, reported)
         return None
     stop = None
     try:
@@ -296,8 +309,8 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
         gb = tb.gb
         if options.fullgraph:
             raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code)
-        metrics["graph_break_count"] += 1
+        emit_graph_break(gb, code, reported)
+        metrics["graph_break_count"] += break_root(gb) != reported
         if _can_resume(tb.inst, frame, code):
             return BreakPoint(tb.inst.offset, tb.arrival, gb)
         observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
@@ -306,7 +319,7 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
     except GraphBreak as gb:  # raised outside any instruction
         if options.fullgraph:
             raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code)
+        emit_graph_break(gb, code, reported)
         return None
     except (Unsupported, InternalCompilerError, BackendCompilerFailed):
         raise
@@ -319,7 +332,7 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics):
         gb.user_stack = gb.user_stack or frame.user_stack()
         if options.fullgraph:
             raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code)
+        emit_graph_break(gb, code, reported)
         return None
     except resume_mod.ResumeUnsupported as exc:
         observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
@@ -484,6 +497,8 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     if graph_call:
         cg.emit("call_graph", graph_call)
     trampoline = trampoline_for(options)
+    if plan[0] != "return" and breakpoint is not None and len(breakpoint.gb.user_stack or ()) > 1:
+        trampoline = trampoline_for(options, break_root(breakpoint.gb))  # broke inside the callee
     cg.ns["___trampoline"] = trampoline
     # a resume function continues a frame we compiled (even one inside torch, e.g. an optimizer step)
     cg.ns["___run_resume"] = lambda f, *a: run_function(f, a, {}, options, force=True)

@@ -38,7 +38,8 @@ def spread_call(trampoline, fn, args, kwargs):
     return trampoline(fn, *args, **(kwargs or {}))
 
 
-def routed_function(fn: types.FunctionType, trampoline, key: int) -> types.FunctionType:
+def routed_function(fn: types.FunctionType, trampoline, key) -> types.FunctionType:
+    """`fn` running its routed code; `key` names `trampoline` (routed code is cached with it)."""
     code = _CODES.get((fn.__code__, key))
     if code is None:
         code = _CODES[(fn.__code__, key)] = routed_code(fn.__code__, trampoline)

@@ -199,7 +199,7 @@ class disabled_region:
         _state.disabled = _disabled_depth() - 1
 
 
-def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False):
+def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False, reported=None):
     """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
     `optimizer_step`), as PEP 523 would see its frame."""
     # the hit path: every test below is a few attribute reads (should_compile is cached per code)
@@ -212,14 +212,14 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
     ok = _COMPILABLE.get(code) or _code_compilable(code)
     if not ok[force]:
         if ok[2]:
-            return run_routed(fn, args, kwargs, options)
+            return run_routed(fn, args, kwargs, options, reported)
         return fn(*args, **kwargs)
     only = config.debug_function
     if only and code.co_name != only and not code.co_name.startswith(f"engine_resume_in_{only}_at_"):
         return fn(*args, **kwargs)  # TORCHDYNAMO_DEBUG_FUNCTION: compile only this function
     cache = _CACHES.get(code) or cache_for(code)
     if cache.skip:
-        return run_routed(fn, args, kwargs, options)
+        return run_routed(fn, args, kwargs, options, reported)
     L = bind_frame(cache, fn, args, kwargs)
     G = fn.__globals__
     entries = cache.lookup.get(options.key)
@@ -244,22 +244,22 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False)
             report_cache_limit(code, mine or cache.entries, L, G,
                                "cache_size_limit" if len(mine) >= config.cache_size_limit
                                else "accumulated_cache_size_limit")
-        return run_routed(fn, args, kwargs, options)
+        return run_routed(fn, args, kwargs, options, reported)
     from .convert_frame import convert_frame
-    entry = convert_frame(fn, L, G, options, cache, mine)
+    entry = convert_frame(fn, L, G, options, cache, mine, reported)
     if entry is None:
         cache.skip = True
         observe.log("dynamo", logging.DEBUG, "%s (%s:%s) is not captured: it runs as a routed copy, so what it "
                     "calls compiles", code.co_name, code.co_filename, code.co_firstlineno)
-        return run_routed(fn, args, kwargs, options)
+        return run_routed(fn, args, kwargs, options, reported)
     cache.entries.append(entry)
     cache.lookup[key] = [entry] + cache.lookup.get(key, [])
     return entry.fn(L, G, fn)
 
 
-def run_routed(fn, args, kwargs, options: CompileOptions):
+def run_routed(fn, args, kwargs, options: CompileOptions, reported=None):
     """No frame is lost: `fn` runs a copy of its code whose calls go through the engine."""
-    return routed.routed_function(fn, trampoline_for(options), options.key)(*args, **kwargs)
+    return routed.routed_function(fn, trampoline_for(options, reported), (options.key, reported))(*args, **kwargs)
 
 
 class GradModeExit:
@@ -285,33 +285,36 @@ class GradModeExit:
 _TRAMPOLINES: dict = {}
 
 
-def trampoline_for(options: CompileOptions) -> Callable:
-    """One trampoline per compile options (routed copies are cached with it)."""
-    t = _TRAMPOLINES.get(options.key)
+def trampoline_for(options: CompileOptions, reported=None) -> Callable:
+    """One trampoline per compile options and reported break (routed copies are cached with it)."""
+    t = _TRAMPOLINES.get((options.key, reported))
     if t is None:
-        t = _TRAMPOLINES[options.key] = make_trampoline(options)
+        t = _TRAMPOLINES[(options.key, reported)] = make_trampoline(options, reported)
     return t
 
 
-def make_trampoline(options: CompileOptions) -> Callable:
-    """What generated code calls at a graph break instead of calling `fn` directly."""
+def make_trampoline(options: CompileOptions, reported=None) -> Callable:
+    """What generated code calls at a graph break instead of calling `fn` directly.
+    `reported`: the break's root (file, line, kind) when it happened inside the callee,
+    which this frame has reported already: the callee, compiled as a frame of its own,
+    breaks there again and does not report it twice."""
 
     def trampoline(fn, *args, **kwargs):
         if isinstance(fn, types.FunctionType):
-            return run_function(fn, args, kwargs, options)
+            return run_function(fn, args, kwargs, options, reported=reported)
         if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
             inner = optimizer_step_target(fn, args, kwargs)
             if inner is not None:
                 return optimizer_step(fn.__self__, inner, options)
-            return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options)
+            return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options, reported=reported)
         if isinstance(fn, torch.nn.Module):
             if _plain_module_call(fn):
-                return run_function(type(fn).forward, (fn,) + args, kwargs, options)
+                return run_function(type(fn).forward, (fn,) + args, kwargs, options, reported=reported)
             call = type(fn).__call__
             if isinstance(call, types.FunctionType):
                 # hooks or an instance-level forward: Module.__call__ itself is the frame (what
                 # PEP 523 sees first), captured or run routed, so forward still compiles
-                return run_function(call, (fn,) + args, kwargs, options)
+                return run_function(call, (fn,) + args, kwargs, options, reported=reported)
         return fn(*args, **kwargs)
 
     return trampoline
