@@ -329,10 +329,16 @@ def _phases(kb: KernelBuilder) -> list[Phase]:
 def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
     # who reads what, per step
     readers: dict = {}
+    written_at: dict = {}
+    for i, s in enumerate(steps):
+        for n in ({m.name for m in s.members} if not isinstance(s, ExternKernel) else {o.name for o in s.outputs} | s.mutates):
+            written_at.setdefault(n, i)
     for i, s in enumerate(steps):
         names = s.reads() if isinstance(s, ExternKernel) else {ld.name for m in s.members for ld in V.loads(m.value)}
         for n in names:
             readers.setdefault(n, set()).add(i)
+            if written_at.get(n, -1) > i:  # a step before the one that writes what it reads: refuse the graph
+                raise RuntimeError(f"scheduling: {s.name} reads {n} before {steps[written_at[n]].name} writes it")
 
     final: list = []
     for i, s in enumerate(steps):
@@ -399,8 +405,10 @@ def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
                     reuse[n] = match[0]
                     decisions.append(f"{s.name}: {n} reuses the memory of {match[0]} (dead)")
                 allocations.setdefault(i, []).append(n)
-        dead = [n for n, last in last_use.items() if last == i and n in layouts and n not in output_buffers
-                and n in produced_at]
+        # dead after its last reader, and never before it is written (a reader fused into an
+        # earlier kernel than the writer's would otherwise free it first: it then reused itself)
+        dead = [n for n, last in last_use.items() if n in produced_at and max(last, produced_at[n]) == i
+                and n in layouts and n not in output_buffers]
         if dead:
             frees[i] = sorted(dead)
             for n in sorted(dead):
