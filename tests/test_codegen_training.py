@@ -98,3 +98,20 @@ def test_attention_gradients_match_eager(mask):
     got = torch.autograd.grad(engine.compile(f, backend="inductor")(q, k, v, m), (q, k, v))
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_contrastive_loss_matches_eager():
+    # CLIP's loss: values realized into buffers after a first consumer was lowered; the
+    # schedule must never run a reader before the kernel that writes what it reads
+    def f(t, i, scale):
+        t = t / t.norm(p=2, dim=-1, keepdim=True)
+        i = i / i.norm(p=2, dim=-1, keepdim=True)
+        lt = torch.matmul(t, i.t()) * scale.exp()
+        labels = torch.arange(lt.shape[0])
+        return (F.cross_entropy(lt, labels) + F.cross_entropy(lt.t(), labels)) / 2.0, lt
+
+    a, b, s = torch.randn(2, 8), torch.randn(2, 8), torch.tensor(2.6)
+    engine.reset()
+    with torch.no_grad():
+        for got, expected in zip(engine.compile(f, backend="inductor")(a, b, s), f(a, b, s)):
+            torch.testing.assert_close(got, expected)
