@@ -28,6 +28,7 @@ import contextlib
 import copy
 import json
 import math
+import os
 import platform
 import signal
 import sys
@@ -411,6 +412,9 @@ def parse_args(argv=None):
     ap.add_argument("--atol", type=float, default=ATOL)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per model (0: none)")
     ap.add_argument("--strict", action="store_true", help="an error also makes the exit status 1")
+    ap.add_argument("--warm-caches", action="store_true",
+                    help="keep the kernel caches on disk (default: both compilers start from empty ones, so "
+                         "compile seconds are cold compiles)")
     ap.add_argument("--verbose", "-v", action="store_true", help="print the traceback of each error")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     return ap.parse_args(argv)
@@ -423,6 +427,12 @@ def main(argv=None) -> int:
             print(f"{e.name:<40} {e.kind:<9} {','.join(e.modes)}")
         return 0
     DEVICE[:] = [args.device, getattr(torch, args.dtype) if args.dtype else None]
+    if not args.warm_caches:  # cold compiles for both: empty kernel caches of their own
+        import tempfile
+        fresh = tempfile.mkdtemp(prefix="zoo-caches-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(fresh, "torch")
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(fresh, "triton")
+        engine.config.cache_dir = os.path.join(fresh, "engine")
     missing = models.available()
     if missing:
         print(f"zoo: transformers is not importable ({missing})", file=sys.stderr)
