@@ -394,3 +394,36 @@ def test_a_break_deep_in_the_call_stack_is_reported_once():
     assert len(out.break_reasons) == 1, [str(r) for r in out.break_reasons]
     assert [f[2] for f in out.break_reasons[0].user_stack] == ["top", "middle", "leaf"]
     same(top, torch.ones(2))
+
+
+def test_context_managers_enums_typing_and_masked_attention_in_one_graph():
+    import contextlib
+    import enum
+    import typing
+    import torch.nn.functional as F
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    @contextlib.contextmanager
+    def scaled(k):
+        yield k * 2
+
+    @functools.lru_cache
+    def cached(n):
+        return n * 3
+
+    def fn(x, mode=Mode.A, seq=(1, 2)):
+        with scaled(3) as k:
+            y = x * k
+        if mode is Mode.A and isinstance(seq, typing.Sequence):
+            y = y + mode.value
+        mask = torch.ones(4, 4, dtype=torch.bool).tril()
+        att = F.scaled_dot_product_attention(y[None, None], y[None, None], y[None, None], attn_mask=mask)
+        return att + torch.finfo(x.dtype).eps + cached(2)
+
+    x = torch.randn(4, 4)
+    out = explain(fn, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
+    same(fn, x)
