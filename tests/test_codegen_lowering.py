@@ -152,3 +152,30 @@ def test_dynamic_shapes_pass_sizes_as_kernel_arguments():
         x, w = torch.randn(rows, cols), torch.randn(cols)
         torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-5)
     assert "int64_t s" in c.source and "= arg0.size(0)" in c.source
+
+
+def test_outputs_that_are_new_tensors_in_eager_never_alias_an_input():
+    # clone, diag, stack of one tensor, repeat: the lowering reads the input in place, but
+    # eager returns new memory, which the caller may write to
+    import engine
+    for fn in (lambda x: torch.clone(x), lambda x: torch.diag(x), lambda x: torch.stack([x], 0),
+               lambda x: x.repeat(1, 1), lambda x: (x, x.t().clone())):
+        x = torch.randn(4, 4)
+        engine.reset()
+        out = engine.compile(fn, backend="inductor")(x)
+        last = out[-1] if isinstance(out, tuple) else out
+        assert last.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(out, fn(x))
+
+
+def test_extern_arguments_have_eager_strides():
+    # embedding_bag's kernel needs contiguous indices: AOT clones them; the clone is a copy here too
+    import engine
+    w, off, psw = torch.randn(10, 5), torch.tensor([0, 2]), torch.randn(5)
+    idx = torch.randint(0, 10, (10,))[::2]
+
+    def f(w, i, o, p):
+        return torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p)
+
+    engine.reset()
+    torch.testing.assert_close(engine.compile(f, backend="inductor")(w, idx, off, psw), f(w, idx, off, psw))

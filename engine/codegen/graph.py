@@ -29,6 +29,33 @@ def to_sympy(x):
     raise Unsupported(f"size {x!r} of type {type(x).__name__}")
 
 
+def _same_strides(layout, fake) -> bool:
+    """The view's strides are eager's (dims of size 1 aside); unknown (symbolic) counts as same."""
+    if len(layout.sizes) != fake.dim():
+        return True
+    for size, stride, want in zip(layout.sizes, layout.strides, fake.stride()):
+        if not (isinstance(size, sympy.Integer) and isinstance(stride, sympy.Integer) and isinstance(want, int)):
+            return True
+        if int(size) > 1 and int(stride) != want:
+            return False
+    return True
+
+
+def _aliases_an_input(node) -> bool:
+    """Whether eager's value of `node` is a graph input's memory: the input itself, or ops
+    whose schema says they return an alias of their first argument (`Tensor(a)`: views,
+    in-place ops) all the way down to it. (`view(cat([x]))` is new memory: cat's.)"""
+    while isinstance(node, torch.fx.Node):
+        if node.op == "placeholder":
+            return True
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.returns or \
+                schema.returns[0].alias_info is None or not node.args:
+            return False
+        node = node.args[0]
+    return True  # not a node: a constant or an unknown, left as it is
+
+
 def fake_of(node):
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return val
@@ -54,6 +81,8 @@ class GraphLowering:
         self.example_inputs = list(example_inputs)
         self.nodes: list = []                 # ComputedBuffer | ExternKernel, program order
         self.inputs: list[InputBuffer] = []
+        self.input_nodes: dict = {}           # input buffer name -> its placeholder
+        self.alias_buffers: set = set()       # outputs of extern view ops (they share their argument's memory)
         self.constants: dict[str, torch.Tensor] = {}
         self.env: dict[torch.fx.Node, Any] = {}
         self.outputs: list = []               # TensorValue | python value, per graph output
@@ -88,7 +117,9 @@ class GraphLowering:
                 self.env[node] = self._call(node, LOWERINGS)
             elif node.op == "output":
                 outs = pytree.tree_leaves(node.args[0])
-                self.outputs = [self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o) for o in outs]
+                claimed: set = set()
+                self.outputs = [self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o, claimed)
+                                for o in outs]
             else:
                 raise Unsupported(f"fx node kind {node.op}")
         return self
@@ -107,6 +138,7 @@ class GraphLowering:
             if any(not isinstance(s, sympy.Integer) and s.free_symbols - set(self.sym_bindings) for s in sizes + strides):
                 raise Unsupported("input size expression not bound to a plain symbol")
             name = f"arg{i}"
+            self.input_nodes[name] = node
             layout = Layout(sizes, strides, ex.dtype, ex.device, 0)
             self.inputs.append(InputBuffer(name, layout, i))
             self.buffer_layouts[name] = layout
@@ -193,11 +225,19 @@ class GraphLowering:
         costly = [n for n in ops if n.name in _TRANSCENDENTAL]
         return len(ops) <= 12 and len(costly) <= 1 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
 
-    def _output(self, value, node):
+    def _output(self, value, node, claimed: set):
         if isinstance(value, TensorValue):
+            fake = fake_of(node) if isinstance(node, torch.fx.Node) else None
             view = self.as_strided(value)
             if view is None:
-                value = self.realize(value, fake_of(node) if isinstance(node, torch.fx.Node) else None)
+                value = self.realize(value, fake)
+            elif not _aliases_an_input(node) and (view[0] in self.input_nodes or view[0] in self.alias_buffers
+                                                  or view[0] in claimed):
+                # the op made new memory in eager (clone, diag, repeat, ...) though its values are
+                # read in place from memory someone else sees (an input, a view of one, another
+                # output): the output is a copy, never the caller's tensor
+                value = self.realize(value, fake, copy=True)
+            claimed.add(self.as_strided(value)[0])
             return value
         return value
 
@@ -210,8 +250,8 @@ class GraphLowering:
                 return Layout(sizes, strides, dtype, device, 0)
         return Layout(sizes, tuple(contiguous_strides(sizes)), dtype, device, 0)
 
-    def realize(self, tv: TensorValue, fake=None) -> TensorValue:
-        if self.as_strided(tv) is not None:
+    def realize(self, tv: TensorValue, fake=None, copy: bool = False) -> TensorValue:
+        if self.as_strided(tv) is not None and not copy:
             return tv
         fake = fake if fake is not None else fake_of(self.current_node)
         layout = self.dense_layout(tv.sizes, tv.dtype, tv.device, fake)
@@ -269,10 +309,21 @@ class GraphLowering:
     def extern(self, op, args, kwargs, fake, fallback: bool):
         reads: set = set()
         mutates: set = set()
+        # the strides eager hands the op: an argument that is a view here but a new tensor in
+        # eager (`clone(memory_format=contiguous)` before a kernel that needs contiguity) is copied
+        node = self.current_node
+        fakes = [fake_of(a) for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)
+                 and isinstance(fake_of(a), torch.Tensor)] if node is not None else []
+        values = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TensorValue)]
+        expected = dict(zip(map(id, values), fakes)) if len(fakes) == len(values) else {}
 
         def prep(a):
             if isinstance(a, TensorValue):
                 view = self.as_strided(a)
+                fake = expected.get(id(a))
+                if view is not None and fake is not None and not _same_strides(view[1], fake):
+                    a = self.realize(a, fake, copy=True)
+                    view = self.as_strided(a)
                 if view is None:
                     a = self.realize(a, None)
                     view = self.as_strided(a)
@@ -306,6 +357,8 @@ class GraphLowering:
                 out = ExternOutput(oname, layout, kernel=name, path=path)
                 outputs.append(out)
                 self.buffer_layouts[oname] = layout
+                if any(r.alias_info is not None for r in op._schema.returns):
+                    self.alias_buffers.add(oname)
                 return strided_value(oname, layout)
             if isinstance(f, (tuple, list)):
                 return type(f)(make_out(x, path + (i,)) for i, x in enumerate(f))
