@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import math
 import os
@@ -72,6 +71,8 @@ from typing import Optional
 import engine  # first: observe reads TORCH_LOGS / TORCH_TRACE before torch does
 import observe
 import torch
+
+from tests.timeouts import TimeLimit, time_limit
 
 CATEGORIES = ["pass", "no graph", "graph break", "crash", "wrong", "timeout", "skip"]
 # which category an (op, dtype) gets when its samples disagree: the worst one
@@ -126,27 +127,6 @@ FAST_OPS = [
     "nn.functional.layer_norm", "nn.functional.embedding", "nn.functional.conv2d", "nn.functional.dropout",
     "nn.functional.scaled_dot_product_attention", "nn.functional.cross_entropy", "zero_", "fill",
 ]
-
-
-class OpTimeout(BaseException):
-    """Not an Exception: nothing in the engine or torch swallows it."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    if not seconds or seconds <= 0 or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise OpTimeout(f"timed out after {seconds:.0f}s")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _first_line(text: str, limit: int = 200) -> str:
@@ -592,7 +572,7 @@ def run_op(op, dtype, impls: list, max_samples: int = 3, op_timeout: float = 30.
                 if i >= max_samples:
                     break
                 samples.append(s)
-    except (Exception, OpTimeout) as exc:
+    except (Exception, TimeLimit) as exc:
         for row in rows.values():
             row["status"], row["reason"] = "skip", f"sample_inputs failed: {error_text(exc)}"
         return list(rows.values())
@@ -614,7 +594,7 @@ def run_op(op, dtype, impls: list, max_samples: int = 3, op_timeout: float = 30.
                         mode = "shape"
                         modes["eager disagrees with itself: shapes only"] += 1
             modes[mode] += 1
-        except (Exception, OpTimeout) as exc:
+        except (Exception, TimeLimit) as exc:
             eager_errors.append(error_text(exc))
             _restore_globals(state)
             continue
@@ -644,7 +624,7 @@ def run_op(op, dtype, impls: list, max_samples: int = 3, op_timeout: float = 30.
                     note(impl.name, "graph break", impl.breaks[0] if impl.breaks else f"{impl.graphs} graphs", desc)
                 else:
                     note(impl.name, "pass", None, desc)
-            except OpTimeout as exc:
+            except TimeLimit as exc:
                 note(impl.name, "timeout", f"{exc} (after {si} of {len(samples)} samples)", desc)
                 deadline[impl.name] = 0
             except Exception as exc:
@@ -680,7 +660,7 @@ def run_op_safely(op, dtype, impls: list, max_samples: int = 3, op_timeout: floa
     """run_op, with an error of the sweep itself (not of a compiler) as a skip of every impl."""
     try:
         return run_op(op, dtype, impls, max_samples, op_timeout)
-    except (Exception, OpTimeout) as exc:
+    except (Exception, TimeLimit) as exc:
         return [{"op": full_name(op), "dtype": str(dtype).replace("torch.", ""), "impl": r.name,
                  "backend": r.backend_name, "status": "skip", "reason": f"sweep error: {error_text(exc)}",
                  "sample": None, "traceback": traceback.format_exc(limit=-6)} for r in impls]

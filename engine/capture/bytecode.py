@@ -186,6 +186,20 @@ def _resolve_opname(opname: str, backward: bool) -> str:
     return opname
 
 
+def retarget(copies: Sequence["Instruction"], copy_of) -> None:
+    """Point the jump targets and exception-table handlers of copied instructions at the
+    copies (`copy_of(original) -> copy`), one new entry per original entry."""
+    entries: dict = {}
+    for new in copies:
+        if new.target is not None:
+            new.target = copy_of(new.target)
+        e = new.exn_tab_entry
+        if e is not None:
+            if id(e) not in entries:
+                entries[id(e)] = type(e)(copy_of(e.target), e.depth, e.lasti)
+            new.exn_tab_entry = entries[id(e)]
+
+
 # --------------------------------------------------------------------------- decode
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .bytecode import (PY312, Instruction, assemble_with_layout, create_instruction, decode,
-                       offset_map, stack_depths)
+                       offset_map, retarget, stack_depths)
 
 _REFUSED_FLAGS = {
     inspect.CO_GENERATOR: "generator",
@@ -147,15 +147,8 @@ def _make(code, offset, stack_depth, live_locals, name, nulls, inside_handlers=F
     while body_src and body_src[0].opname in _PROLOGUE_OPS:
         body_src = body_src[1:]
     copies = {id(i): i.copy() for i in body_src}
-    entries = {}
+    retarget(copies.values(), lambda inst: copies[id(inst)])
     for new in copies.values():
-        if new.target is not None:
-            new.target = copies[id(new.target)]
-        e = new.exn_tab_entry
-        if e is not None:
-            if id(e) not in entries:
-                entries[id(e)] = type(e)(copies[id(e.target)], e.depth, e.lasti)
-            new.exn_tab_entry = entries[id(e)]
         # 3.12's LOAD_FAST does not check for an unbound local; anything not passed may be
         if PY312 and new.opname == "LOAD_FAST" and new.argval not in argnames:
             new.opname = "LOAD_FAST_CHECK"

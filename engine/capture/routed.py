@@ -91,14 +91,5 @@ def routed_code(code: types.CodeType, trampoline) -> types.CodeType:
             new = inst.copy()
             replaced[id(inst)] = new
             out.append(new)
-    # jump targets and handlers point at the copies
-    entries: dict = {}
-    for new in out:
-        if new.target is not None:
-            new.target = replaced[id(new.target)]
-        e = new.exn_tab_entry
-        if e is not None:
-            if id(e) not in entries:
-                entries[id(e)] = type(e)(replaced[id(e.target)], e.depth, e.lasti)
-            new.exn_tab_entry = entries[id(e)]
+    bc.retarget(out, lambda inst: replaced[id(inst)])
     return bc.assemble(out, template=code)

@@ -30,17 +30,17 @@ import json
 import math
 import os
 import platform
-import signal
 import sys
 import time
 import traceback
-from typing import Any, Optional
+from typing import Optional
 
 import engine  # first: observe reads TORCH_LOGS / TORCH_TRACE before torch does
 import observe
 import torch
 
 from . import models
+from ..timeouts import TimeLimit, time_limit
 
 RTOL = ATOL = 1e-4
 DEVICE = ["cpu", None]   # --device, --dtype
@@ -157,29 +157,6 @@ def run_steps(model: torch.nn.Module, fn, entry, inputs, mode: str, calls: int =
     return records, times
 
 
-class ModelTimeout(BaseException):
-    """Not an Exception: no `except Exception` in the engine or the model swallows it."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """Raise ModelTimeout in the main thread after `seconds` (0: no limit), so that one model
-    that hangs does not stop the others."""
-    if not seconds or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise ModelTimeout(f"timed out after {seconds:g}s")
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _first_line(text: str, limit: int = 160) -> str:
     lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
     line = lines[0] if lines else ""
@@ -293,7 +270,7 @@ def run_compiled(name: str, impl: str, backend: str, mode: str, base: torch.nn.M
                 problems.append(f"call {i}: {diff}")
         row["status"] = "wrong" if problems else "pass"
         row["error"] = "; ".join(problems) or None
-    except (Exception, ModelTimeout) as exc:  # one model's error must not stop the others
+    except (Exception, TimeLimit) as exc:  # one model's error must not stop the others
         row["status"] = "error"
         row["error"] = _error_text(exc)
         row["traceback"] = traceback.format_exc(limit=-8)
@@ -326,7 +303,7 @@ def run_model(name: str, impls: list, backend: str, mode: str, rtol: float, atol
         with time_limit(timeout):
             base, inputs = models.build(name, mode, device=DEVICE[0], dtype=DEVICE[1])
             ref = reference(name, mode, base, inputs)
-    except (Exception, ModelTimeout) as exc:
+    except (Exception, TimeLimit) as exc:
         return [{"model": name, "impl": impl, "backend": backend, "mode": mode, "status": "error",
                  "error": "eager: " + _error_text(exc), "traceback": traceback.format_exc(limit=-8)}
                 for impl in impls]
