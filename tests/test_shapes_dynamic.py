@@ -270,3 +270,17 @@ def test_the_inductor_backend_compiles_the_recompiled_graph_for_each_new_size():
             torch.testing.assert_close(f(x, w, b), layer_norm_gelu(x, w, b), rtol=1e-5, atol=1e-5)
     assert len(entries(layer_norm_gelu)) == 2
     assert not any("runs uncompiled" in h for h in hints), hints
+
+
+def test_a_size_returned_is_read_before_the_graph_changes_an_input_shape_in_place():
+    # found by tests/fuzz (seed 714): the size came from L['x'] after x.unsqueeze_(0) ran
+    import engine
+
+    def fn(x, d):
+        x.unsqueeze_(0)
+        return {"a": torch.sin(d["a"]).shape[0]}
+
+    engine.reset()
+    compiled = engine.compile(fn, backend="eager")
+    for n in (6, 7, 8):   # the second size makes the dim dynamic (one symbol for x and d['a'])
+        assert compiled(torch.randn(n, 5), {"a": torch.randn(n, 5)}) == {"a": n}

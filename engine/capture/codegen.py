@@ -60,7 +60,7 @@ class CodeGen:
         self.ns: dict[str, Any] = {"___new_object": _new_object, "___make_cell": _make_cell, "___bind": _bind,
                                    "___FunctionType": types.FunctionType, "___identity": lambda v: v,
                                    "___always": lambda v: True, "torch": torch}
-        self.lines: dict[str, list[str]] = {"call_graph": [], "store_outputs": [], "side_effects": [],
+        self.lines: dict[str, list[str]] = {"prologue": [], "call_graph": [], "store_outputs": [], "side_effects": [],
                                             "graph_break": [], "resume_call": []}
         self.memo: dict[int, str] = {}
         self.loop_iterators: set = set()  # ids of iterators on the value stack at a break
@@ -210,7 +210,10 @@ class CodeGen:
             text = python_expr(value)
             if text is None:
                 raise GraphBreak("GB0018", f"a symbolic size inside a {type(value).__name__}")
-            return text
+            # read from the inputs on entry: the graph may change an input's shape in place (unsqueeze_)
+            t = self.tmp()
+            self.emit("prologue", f"{t} = {text}")
+            return t
         if isinstance(value, _LITERAL_TYPES) and (not isinstance(value, int) or abs(value) < 2 ** 62):
             return repr(value)
         if isinstance(value, float) and math.isfinite(value):
@@ -255,7 +258,7 @@ class CodeGen:
 
     def source(self, name: str) -> str:
         body = []
-        for region in ("call_graph", "store_outputs", "side_effects", "graph_break", "resume_call"):
+        for region in ("prologue", "call_graph", "store_outputs", "side_effects", "graph_break", "resume_call"):
             lines = self.lines[region]
             if lines:
                 body.append(f"    # -- {region}")
