@@ -62,7 +62,7 @@ def run_call(ns, fn, make_call, global_names):
     except Exception as e:  # noqa: BLE001
         return {"error": ("call", e)}
     res = {"out": snapshot(out), "alias": alias_map(out, c["watch"]), "inputs": snapshot(c["watch"]),
-           "globals": snapshot({**{k: ns[k] for k in global_names if k in ns}, "<lines printed>": _printed(ns)}),
+           "globals": snapshot({**{k: ns[k] for k in global_names if k in ns}, "<print calls>": _printed(ns)}),
            "module": snapshot(mod) if mod is not None else None}
     roots = [t for _, t in flat_tensors(out) if t.requires_grad and t.is_floating_point()]
     if roots:
@@ -79,9 +79,8 @@ def run_call(ns, fn, make_call, global_names):
 
 
 def _printed(ns):
-    """How many lines the program printed to its DEVNULL stream (so far, over all calls)."""
-    out = ns.get("DEVNULL")
-    return out.getvalue().count("\n") if hasattr(out, "getvalue") else 0
+    """How many print calls went to the program's DEVNULL stream (so far, over all calls)."""
+    return getattr(ns.get("DEVNULL"), "prints", 0)
 
 
 def _diff(a, b, path):

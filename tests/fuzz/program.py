@@ -89,8 +89,11 @@ class Program:
         return ", ".join(self.ret) + ("," if len(self.ret) == 1 else "")
 
     def source(self, ret=None):
-        lines = ["import io", "import logging", "import torch", "import torch.nn.functional as F", "",
-                 "DEVNULL = io.StringIO()          # print(..., file=DEVNULL) goes nowhere",
+        lines = ["import logging", "import torch", "import torch.nn.functional as F", "", "",
+                 "class Sink:  # print(..., file=DEVNULL) goes nowhere; the harness compares how many prints ran",
+                 "    prints = 0", "", "    def write(self, s):", "        self.prints += s == \"\\n\"", "",
+                 "    def flush(self):", "        pass", "", "",
+                 "DEVNULL = Sink()",
                  "LOG = logging.getLogger(\"fuzz\")  # no handler: debug/info are no-ops"]
         if self.globals:
             lines.append("# module-level state, set by each call's setup: " + ", ".join(g.name for g in self.globals))
