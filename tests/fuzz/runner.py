@@ -298,7 +298,7 @@ def repro_source(prog, impl, backend, outcome):
             "Run from the repository root: python THIS_FILE.py   (--torch: torch.compile instead of engine.compile)", '"""',
             "import engine  # noqa: F401  (before torch)", "import torch", "", f"BACKEND = {backend!r}",
             "", "# the program: exec'd once for eager and once for the compiled function",
-            f"SRC = {q}" + src + q, "", "# each call builds its inputs (and globals, module) in the program's namespace ns",
+            f"SRC = r{q}" + src + q, "", "# each call builds its inputs (and globals, module) in the program's namespace ns",
             prog.calls_source(), HARNESS_SRC, REPRO_MAIN]
     return "\n".join(head)
 
