@@ -87,8 +87,8 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn in _MODULE_CALLS and args and isinstance(args[0], ObjectVariable) and \
             isinstance(args[0].value, torch.nn.Module):
         return call_module_hooks_checked(tx, args[0], args[1:], kwargs)
-    if (_module_of(fn), fn.__qualname__) in _OLD_IS_COMPILING:
-        return ConstantVariable(True)  # torch._dynamo.is_compiling(), which libraries still call
+    if fn.__qualname__ == "is_compiling" and _is_torch(fn):
+        return ConstantVariable(True)  # torch's older is_compiling spellings, which libraries still call
     if _is_torch(fn) and not _inlinable_torch(fn):
         raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
     mod = _module_of(fn).split(".")[0]
@@ -98,11 +98,6 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn.__code__.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
         raise GraphBreak("GB0011", "coroutine")
     return inline_user_function(tx, fn, args, kwargs, source)
-
-
-# by name: importing torch._dynamo to look them up is what the engine must not do
-_OLD_IS_COMPILING = {("torch._dynamo.external_utils", "is_compiling"), ("torch._dynamo", "is_compiling"),
-                     ("torch._dynamo.eval_frame", "is_compiling")}
 
 
 def defer_logging_call(tx, fn, args, kwargs):
