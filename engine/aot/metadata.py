@@ -134,9 +134,39 @@ def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list
         outputs, graph_leaves, graph_fakes, fallback = _describe_outputs(leaves, f_args, storages)
         graph_rg = [bool(t.requires_grad) for t in graph_fakes]
         graph_fakes = [from_fun(t) for t in graph_fakes]
+    if any(o.kind == "alias" and inputs[o.index].mutates_data for o in outputs):
+        fallback = _plain_view_layouts(gm, lifted, fakes, num_user, fake_mode, outputs) or fallback
     meta = _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias)
     meta.graph_output_requires_grad = graph_rg
     return meta
+
+
+def _plain_view_layouts(gm, lifted, fakes: list, num_user: int, fake_mode, outputs: list) -> Optional[str]:
+    """Sizes, strides and offsets of the outputs that are views of inputs, from a run without
+    functionalization. A functionalized input that is mutated gets new, dense memory, so its
+    views have that memory's layout, not the real input's (`w.mul_(2); return w[0]` with
+    `w` strided or at an offset rebuilt the view at the wrong place). Returns a reason to run
+    the graph eagerly when the layouts cannot be found."""
+    from .inputs import make_fake, spec_of
+
+    try:
+        plain = [make_fake(spec_of(a)._replace(requires_grad=False), fake_mode)
+                 if isinstance(a, torch.Tensor) else a for a in fakes]
+        ignore = fake_mode.shape_env.ignore_fresh_unbacked_symbols() if fake_mode.shape_env else nullcontext()
+        with fake_mode, ignore, torch.no_grad():
+            out = run_captured_graph(gm, lifted, plain[:num_user], plain[num_user:], step="finding output views")
+        leaves = pytree.tree_leaves(out)
+        for o, leaf in zip(outputs, leaves):
+            if o.kind != "alias":
+                continue
+            base = plain[o.index]
+            if not isinstance(leaf, torch.Tensor) or \
+                    StorageWeakRef(leaf.untyped_storage()) != StorageWeakRef(base.untyped_storage()):
+                return "an output's view of a mutated input could not be located"
+            o.size, o.stride, o.storage_offset = tuple(leaf.shape), tuple(leaf.stride()), int(leaf.storage_offset())
+    except Exception as exc:   # symbolic specs, an op refusing plain fakes: run eagerly
+        return f"an output is a view of a mutated input, and its layout could not be found ({type(exc).__name__})"
+    return None
 
 
 def _describe_outputs(leaves: list, f_args: list, storages: list):

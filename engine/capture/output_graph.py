@@ -9,6 +9,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
@@ -32,6 +33,41 @@ except ImportError:  # pragma: no cover
 _SIDE_EFFECT_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, operator.iadd, operator.isub, operator.imul,
                           operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
                           operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul}
+
+
+# Aten ops that write to an argument their schema does not mark `Tensor(a!)`: the running
+# statistics of a training-mode batch norm (the argument indices written, and the condition).
+_UNDECLARED_WRITES = {
+    "aten::native_batch_norm": ((3, 4), lambda args: len(args) > 5 and bool(args[5])),
+    "aten::cudnn_batch_norm": ((3, 4), lambda args: len(args) > 5 and bool(args[5])),
+    "aten::miopen_batch_norm": ((3, 4), lambda args: len(args) > 5 and bool(args[5])),
+}
+
+
+class _WriteRecorder(TorchDispatchMode):
+    """Sees the aten ops a call dispatches, and records the storages of the arguments they
+    write (by their schemas' `Tensor(a!)` annotations, and the few ops above whose schemas
+    leave a write out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        undeclared = _UNDECLARED_WRITES.get(func._schema.name)
+        if undeclared is not None and undeclared[1](args):
+            for i in undeclared[0]:
+                if i < len(args) and isinstance(args[i], torch.Tensor):
+                    self.written.append(args[i])
+        return func(*args, **kwargs)
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return t.untyped_storage()._cdata
+    except Exception:
+        return None
 
 
 def _version(t: torch.Tensor):
@@ -187,8 +223,9 @@ class OutputGraph:
         # views sharing it), whatever the Python spelling (`inplace=True`, `out=`, `relu_`).
         tensors = [t for t in pytree.tree_leaves((fargs, fkwargs)) if isinstance(t, torch.Tensor)]
         versions = [_version(t) for t in tensors]
+        recorder = _WriteRecorder()
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled):
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), recorder:
                 if kind == "call_method":
                     result = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
                 else:
@@ -203,7 +240,7 @@ class OutputGraph:
         pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
         proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)
         proxy.node.meta["example_value"] = result
-        if any(_version(t) != v for t, v in zip(tensors, versions)):
+        if any(_version(t) != v for t, v in zip(tensors, versions)) or _writes_an_argument(recorder, tensors):
             proxy.node.meta["mutates"] = True
         if isinstance(result, torch.Tensor):
             proxy.node.meta["val"] = result
@@ -238,6 +275,13 @@ class OutputGraph:
             return  # created during the trace: rebuilt as a whole
         if vt not in self.mutated:
             self.mutated.append(vt)
+
+
+def _writes_an_argument(recorder: _WriteRecorder, tensors: list) -> bool:
+    if not recorder.written:
+        return False
+    given = {_storage_key(t) for t in tensors}
+    return any(_storage_key(t) in given for t in recorder.written)
 
 
 def _target_name(target) -> str:
