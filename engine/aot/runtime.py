@@ -4,6 +4,7 @@ writes mutated inputs back and rebuilds outputs that are inputs or views of inpu
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -82,7 +83,7 @@ class InferenceEntry:
         self.compiled, self.meta = compiled, meta
 
     def __call__(self, flat: list) -> Any:
-        with torch.no_grad():
+        with torch.no_grad(), _no_autocast():
             outs = self.compiled(*flat)
         return epilogue(self.meta, flat, outs)
 
@@ -137,5 +138,16 @@ class TrainingEntry:
         self.meta = meta
 
     def __call__(self, flat: list) -> Any:
-        outs = self.function.apply(*flat)
+        with _no_autocast():
+            outs = self.function.apply(*flat)
         return epilogue(self.meta, flat, outs)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _no_autocast():
+    """The traced graphs carry autocast's casts already (it was on while tracing, inside the
+    graph's own autocast blocks or around the call): running them under autocast again would
+    cast what a block with enabled=False kept in float32."""
+    return torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else _NO_CONTEXT

@@ -14,11 +14,11 @@ import torch
 from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
 from .runtime import GradModeExit
+from . import autocast as autocastmod
 from . import numpy_ops
 from .source import AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
-from .variables import (ConstantVariable, DictVariable, FunctionVariable, GradModeVariable, IteratorVariable,
-                        ListVariable,
-                        ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
+from .variables import (AutocastVariable, ConstantVariable, DictVariable, FunctionVariable, GradModeVariable,
+                        IteratorVariable, ListVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), range, slice,
                   torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, enum.Enum)
@@ -94,6 +94,17 @@ class Builder:
             out.add_guard("TYPE_MATCH", source, GradModeExit)
             out.add_guard("EQUALS_MATCH", AttrSource(source, "prev"), value.prev)
             return WithExitVariable(GradModeVariable(value.prev, value.prev, True))
+        if type(value) is autocastmod.AutocastExit:  # a split autocast block, resumed
+            out.add_guard("TYPE_MATCH", source, autocastmod.AutocastExit)
+            out.add_guard("EQUALS_MATCH", AttrSource(source, "block"), value.block)
+            out.add_guard("EQUALS_MATCH", AttrSource(source, "prev"), value.prev)
+            return WithExitVariable(AutocastVariable(value.block, value.prev))
+        block = autocastmod.block_of(value)
+        if block is not None:  # a torch.autocast object made outside (a decorator's, a module attribute)
+            out.add_guard("TYPE_MATCH", source, type(value))
+            for attr, v in zip(("device", "_enabled", "fast_dtype", "_cache_enabled"), block):
+                out.add_guard("EQUALS_MATCH", AttrSource(source, attr), getattr(value, attr))
+            return AutocastVariable(autocastmod.AutocastState(*block))
         if isinstance(value, CONSTANT_TYPES) and not isinstance(value, enum.Enum):
             sym = wrap_int(out, value, source)  # an int argument made dynamic (engine/shapes)
             if sym is not None:
@@ -205,4 +216,7 @@ class Builder:
             vt = ObjectVariable(value)
             out.remember(value, vt)
             return vt
+        block = autocastmod.block_of(value)
+        if block is not None:  # reached through an unguarded path (a class's decorated method)
+            return AutocastVariable(autocastmod.AutocastState(*block))
         return wrap_constant(value)

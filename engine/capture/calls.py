@@ -6,29 +6,31 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextlib
 import copy
-import logging
-import warnings
 import dataclasses
 import functools
 import inspect
+import logging
 import operator
 import types
+import warnings
 
 import torch
 
 import observe
 
 from .. import config, markers
+from . import autocast as autocastmod
 from . import numpy_ops, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
 from .source import GetItemSource, ModuleGlobalSource, AttrSource
 from .tensor_ops import PURE_MODULES, convertible, is_torch_op
-from .variables import (CellVariable, ConstantVariable, DictVariable, ExceptionVariable, FunctionVariable,
-                        GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable, ObjectVariable,
-                        SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable)
+from .variables import (AutocastVariable, CellVariable, ConstantVariable, DictVariable, ExceptionVariable,
+                        FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
+                        ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable)
 
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
@@ -50,9 +52,9 @@ def _inlinable_torch(fn) -> bool:
         # the optimizers' own code (not a wrapper that only borrowed an optimizer's name); opt.step()
         # itself is a graph break whose inner step compiles as its own frame (runtime.optimizer_step)
         return not runtime.is_optimizer_step_wrapper(fn)
-    # torch.utils._contextlib: `@torch.no_grad()` / `@torch.enable_grad()` as decorators
+    # torch.utils._contextlib, torch.amp.autocast_mode: `@torch.no_grad()`, `@torch.autocast(...)` as decorators
     return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
-        mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib")
+        mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib", "torch.amp.autocast_mode")
 
 
 # ---------------------------------------------------------------------- Python functions
@@ -402,6 +404,10 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
         return GradModeVariable(bool(mode), prev, True)
     if cls is torch.inference_mode:
         raise GraphBreak("GB0011", "torch.inference_mode")
+    if issubclass(cls, torch.amp.autocast_mode.autocast):
+        # built for real (it only validates its arguments), entered by BEFORE_WITH
+        ctx = cls(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})
+        return AutocastVariable(autocastmod.AutocastState(*autocastmod.block_of(ctx)))
     handler = BUILTIN_CLASSES.get(cls)
     if handler is not None:
         return handler(tx, args, kwargs)
@@ -1066,8 +1072,9 @@ def _state_queries():
         torch._C._set_grad_enabled: _set_grad_enabled_fn,
         torch.jit.is_scripting: _fixed(False), torch.jit.is_tracing: _fixed(False),
         torch._C._get_tracing_state: _fixed(None), mha.get_fastpath_enabled: _query(mha.get_fastpath_enabled),
-        torch.is_autocast_enabled: _query(torch.is_autocast_enabled),
-        torch._C._is_any_autocast_enabled: _query(torch._C._is_any_autocast_enabled),
+        torch.is_autocast_enabled: _autocast_query(torch.is_autocast_enabled),
+        torch._C._is_any_autocast_enabled: _autocast_query(torch._C._is_any_autocast_enabled),
+        torch.get_autocast_dtype: _autocast_query(torch.get_autocast_dtype),
         torch.are_deterministic_algorithms_enabled: _query(torch.are_deterministic_algorithms_enabled),
         torch.get_default_dtype: _query(torch.get_default_dtype),
         overrides.has_torch_function: _has_torch_function,
@@ -1087,8 +1094,16 @@ def _state_queries():
     for name in ("is_autocast_cpu_enabled", "get_autocast_gpu_dtype", "get_autocast_cpu_dtype"):
         fn = getattr(torch, name, None)
         if fn is not None:
-            table[fn] = _query(fn)
+            table[fn] = _autocast_query(fn)
     return table
+
+
+def _autocast_query(fn):
+    """An autocast query answers for the state the traced code is in (inside its own blocks)."""
+    def handler(tx, args, kwargs):
+        with autocastmod.applied(tx.out.autocast) if tx.out.autocast else contextlib.nullcontext():
+            return _query(fn)(tx, args, kwargs)
+    return handler
 
 
 for _k, _v in _state_queries().items():

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from . import numpy_ops, scalars
+from .autocast import AutocastExit
 from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
-from .variables import (BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
+from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
                         ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
                         NestedFunctionVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
                         VariableTracker, WithExitVariable)
@@ -167,6 +168,11 @@ class CodeGen:
             # the exit of a grad-mode with block split by the break: restores the mode from before it
             self.ns["___GradModeExit"] = GradModeExit
             return f"___GradModeExit({bool(vt.ctx.prev)!r})"
+        if isinstance(vt, WithExitVariable) and isinstance(vt.ctx, AutocastVariable):
+            # the exit of a split autocast block: back to the state from before it
+            self.ns["___AutocastExit"] = AutocastExit
+            return (f"___AutocastExit({self.const(vt.ctx.block, 'autocast_state')}, "
+                    f"{self.const(vt.ctx.prev, 'autocast_state')})")
         if isinstance(vt, ObjectVariable):
             if vt.is_new:
                 attrs = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in vt.attrs.items())

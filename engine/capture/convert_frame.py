@@ -29,8 +29,8 @@ from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
 from .output_graph import OutputGraph
 from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, run_function, trampoline_for
 from .source import GlobalSource, LocalSource
-from . import numpy_ops, scalars
-from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable
+from . import numpy_ops, runtime, scalars
+from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable, WithExitVariable
 
 _compiled_fn_counter = [0]
 
@@ -372,18 +372,19 @@ def _can_resume(inst, frame, code) -> bool:
         return False
     if frame.exc_stack:
         return False
-    if inst.exn_tab_entry is not None and _grad_blocks(inst, frame) is None:
+    if inst.exn_tab_entry is not None and _state_blocks(inst, frame) is None:
         return False  # inside a try block or a with block of another context manager
     if code.co_flags & 0x20:  # generator
         return False
     return True
 
 
-def _grad_blocks(inst, frame):
-    """The with-blocks enclosing `inst`, outermost first, as their GradModeVariables, when
-    every enclosing exception-table block is a grad-mode `with` (torch.no_grad() & co);
-    None when any is something else (a try, another context manager)."""
-    from .variables import GradModeVariable, WithExitVariable
+def _state_blocks(inst, frame):
+    """The with-blocks enclosing `inst`, outermost first, as their GradModeVariables and
+    AutocastVariables, when every enclosing exception-table block is a grad-mode `with`
+    (torch.no_grad() & co) or an autocast one; None when any is something else (a try,
+    another context manager)."""
+    from .variables import AutocastVariable, GradModeVariable
 
     insts, index, stack = frame.insts, frame.index, frame.stack
     blocks = []
@@ -396,7 +397,8 @@ def _grad_blocks(inst, frame):
         if not 1 <= e.depth <= len(stack):
             return None
         exit_vt = stack[e.depth - 1]
-        if not (isinstance(exit_vt, WithExitVariable) and isinstance(exit_vt.ctx, GradModeVariable)):
+        if not (isinstance(exit_vt, WithExitVariable) and
+                isinstance(exit_vt.ctx, (GradModeVariable, AutocastVariable))):
             return None
         blocks.append(exit_vt.ctx)
         # the enclosing block is where the handler's cleanup (COPY 3; POP_EXCEPT; RERAISE 1) re-raises to
@@ -427,6 +429,7 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         plan = _break_plan(frame, stop.inst, code)
         needed = plan[1]
     needed = list(needed)
+    autocast_changes = out.end_autocast()
     for vt in out.mutated:
         needed.append(vt)
     for (_, _n), (_src, v) in out.global_stores.items():
@@ -496,6 +499,9 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     cg.ns.update(ns_graph)
     if graph_call:
         cg.emit("call_graph", graph_call)
+    for fn_, state in autocast_changes:  # what the graph did to the autocast state (OutputGraph.end_autocast)
+        cg.emit("call_graph", f"{cg.const(fn_, 'autocast')}({state.device!r}, {state.enabled!r}, "
+                              f"{cg.const(state.dtype, 'dtype')}, {state.cache_enabled!r})")
     trampoline = trampoline_for(options)
     if plan[0] != "return" and breakpoint is not None and len(breakpoint.gb.user_stack or ()) > 1:
         trampoline = trampoline_for(options, break_root(breakpoint.gb))  # broke inside the callee
@@ -707,7 +713,7 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     else:
         cond_expr = cg.expr(detail[1])
     cg.side_effects()
-    blocks = _grad_blocks(inst, frame) if inst.exn_tab_entry is not None else []
+    blocks = _state_blocks(inst, frame) if inst.exn_tab_entry is not None else []
     nulls = [i for i, v in enumerate(below) if isinstance(v, NullVariable)]
     resumes = []
     for off, depth in resume_offsets:
@@ -717,15 +723,17 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
                                         name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}",
                                         inside_handlers=bool(blocks))
         resumes.append(r)
-    # The break runs under the grad mode the frame has there, whatever the graph left. Inside
-    # grad-mode with blocks, an exception from the break leaves them all: the mode from before
-    # the outermost one; otherwise the resume function, given each block's exit, ends them.
+    # The break runs under the grad mode and autocast state the frame has there, whatever the
+    # graph left (a graph leaves the autocast blocks it entered: OutputGraph.close_autocast_blocks).
+    # Inside grad-mode or autocast with blocks, an exception from the break leaves them all;
+    # otherwise the resume function, given each block's exit, ends them.
     cg.ns["___set_grad_enabled"] = torch._C._set_grad_enabled
     if blocks or frame.out.grad_enabled != frame.out.initial_grad_enabled:
         cg.emit("graph_break", f"___set_grad_enabled({bool(frame.out.grad_enabled)!r})")
     guard_call = None
     if blocks:
-        guard_call = bool(blocks[0].prev)
+        cg.ns["___exit_blocks"] = runtime.exit_blocks
+        guard_call = f"___exit_blocks(({''.join(cg.expr(WithExitVariable(b)) + ', ' for b in blocks)}))"
     closure_expr = "F.__closure__" if code.co_freevars else "()"
     cells_expr = "(" + "".join(f"{c}, " for c in cell_exprs) + ")"
 
@@ -747,7 +755,7 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
         cg.emit("graph_break", "try:")
         cg.emit("graph_break", f"    {text}")
         cg.emit("graph_break", "except BaseException:")
-        cg.emit("graph_break", f"    ___set_grad_enabled({guard_call!r})  # the with blocks' exits")
+        cg.emit("graph_break", f"    {guard_call}  # the with blocks' exits")
         cg.emit("graph_break", "    raise")
 
     if kind == "step":  # the instruction itself, run eagerly (engine/capture/resume.step_function)

@@ -35,10 +35,9 @@ from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, Loc
 from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS, PURE_MODULES, TENSOR_CONSTANT_ATTRS,
                          TENSOR_GRAPH_ATTRS, TENSOR_METADATA_METHODS, TENSOR_METHOD_BREAKS, convertible, has_tensor,
                          is_torch_op)
-from .variables import (NULL, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                        ExceptionVariable,
-                        FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
-                        NullVariable, ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable,
+from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
+                        DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
+                        ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable,
                         VariableTracker, WithExitVariable)
 
 MAX_INLINE_DEPTH = 48
@@ -780,6 +779,11 @@ class Frame:
                 ctx.prev = self.out.grad_enabled
                 self.out.set_grad_enabled(ctx.target)
             self.push(ConstantVariable(None))
+            return
+        if isinstance(ctx, AutocastVariable):
+            entered = AutocastVariable(ctx.block, self.out.enter_autocast(ctx.block), entered_in_graph=True)
+            self.push(WithExitVariable(entered))
+            self.push(ConstantVariable(None))  # torch.autocast.__enter__ returns the object: rarely bound
             return
         if isinstance(ctx, ObjectVariable) and not _is_torch_function(ctx.cls):
             enter = self.getattr(ctx, "__enter__")
@@ -1654,6 +1658,9 @@ class Frame:
             ctx = fn.ctx
             if isinstance(ctx, GradModeVariable):
                 self.out.set_grad_enabled(ctx.prev)
+                return ConstantVariable(None)
+            if isinstance(ctx, AutocastVariable):
+                self.out.exit_autocast(ctx.block, ctx.prev, ctx.entered_in_graph)
                 return ConstantVariable(None)
             raise GraphBreak("GB0011", "__exit__ of an unknown context manager")
         if isinstance(fn, ObjectVariable):

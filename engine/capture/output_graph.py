@@ -3,6 +3,7 @@ sources), the guards, the side effects to replay, and the traced global state.""
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any, Optional
 
@@ -13,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
+from . import autocast as autocastmod
 from . import fake as fakemod
 from . import scalars
 from .builder import Builder
@@ -30,7 +32,8 @@ except ImportError:  # pragma: no cover
     _UNSUPPORTED_OP = ()
 
 # Graph nodes kept even when their result is unused: they mutate or change global state.
-_SIDE_EFFECT_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, operator.iadd, operator.isub, operator.imul,
+_SIDE_EFFECT_FUNCTIONS = {operator.setitem, torch._C._set_grad_enabled, autocastmod.autocast_enter,
+                          autocastmod.autocast_exit, operator.iadd, operator.isub, operator.imul,
                           operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
                           operator.ior, operator.ixor, operator.ilshift, operator.irshift, operator.imatmul}
 
@@ -68,6 +71,9 @@ def _storage_key(t: torch.Tensor):
         return t.untyped_storage()._cdata
     except Exception:
         return None
+
+
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _version(t: torch.Tensor):
@@ -115,6 +121,9 @@ class OutputGraph:
         self.output_index: dict = {}
         self.grad_enabled = torch.is_grad_enabled()
         self.initial_grad_enabled = self.grad_enabled
+        self.autocast: dict[str, autocastmod.AutocastState] = {}  # device -> traced state, where a block changed it
+        self.autocast_open: list = []  # (block, prev) of the blocks this graph entered and has not left
+        self.autocast_left: list = []  # (block, prev) of the blocks this graph started inside and left
         self.initial_state = global_state()
         self.current_frame = None  # the interpreter Frame whose instruction is traced now
         self._last_placeholder: Optional[torch.fx.Node] = None
@@ -225,7 +234,8 @@ class OutputGraph:
         versions = [_version(t) for t in tensors]
         recorder = _WriteRecorder()
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), recorder:
+            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), recorder, \
+                    autocastmod.applied(self.autocast) if self.autocast else _NO_CONTEXT:
                 if kind == "call_method":
                     result = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
                 else:
@@ -246,6 +256,40 @@ class OutputGraph:
             proxy.node.meta["val"] = result
         proxy.node.meta["stack_trace"] = self._stack_trace()
         return proxy, result
+
+    def enter_autocast(self, block: autocastmod.AutocastState) -> autocastmod.AutocastState:
+        """An autocast block starts: a graph node, and the traced state. Returns the state before."""
+        prev = self.autocast.get(block.device) or autocastmod.AutocastState.current(block.device)
+        self._state_node(autocastmod.autocast_enter, block)
+        self.autocast[block.device] = block
+        self.autocast_open.append((block, prev))
+        return prev
+
+    def exit_autocast(self, block: autocastmod.AutocastState, prev: autocastmod.AutocastState,
+                      entered_in_graph: bool) -> None:
+        self._state_node(autocastmod.autocast_exit, prev)
+        self.autocast[prev.device] = prev
+        if entered_in_graph:
+            self.autocast_open.pop()
+        else:  # a block the graph started inside (a resumed one)
+            self.autocast_left.append((block, prev))
+
+    def end_autocast(self) -> list:
+        """A graph leaves the thread's autocast state as it found it: under AOT its nodes run
+        only while tracing. So a graph that ends inside blocks it entered (a break) leaves them,
+        and one that left blocks it started in enters them again, at its end. Returns what the
+        generated code does after the graph instead: (autocast_exit, prev) for each block left,
+        then (autocast_enter, block) for each block still open, outermost first."""
+        for _block, prev in reversed(self.autocast_open):
+            self._state_node(autocastmod.autocast_exit, prev)
+        for block, _prev in reversed(self.autocast_left):
+            self._state_node(autocastmod.autocast_enter, block)
+        return [(autocastmod.autocast_exit, prev) for _block, prev in self.autocast_left] + \
+            [(autocastmod.autocast_enter, block) for block, _prev in self.autocast_open]
+
+    def _state_node(self, fn, s: autocastmod.AutocastState) -> None:
+        proxy = self.tracer.create_proxy("call_function", fn, (s.device, s.enabled, s.dtype, s.cache_enabled), {})
+        proxy.node.meta["stack_trace"] = self._stack_trace()
 
     def set_grad_enabled(self, mode: bool) -> None:
         if mode != self.grad_enabled:

@@ -27,6 +27,10 @@ ENGINE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(_HERE)), d) + o
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 TORCH_NN_MODULES = os.path.join(TORCH_DIR, "nn", "modules") + os.sep
 OPTIM_DIR = os.path.join(TORCH_DIR, "optim") + os.sep
+# torch's decorators that wrap user code (`@torch.no_grad()`, `@torch.autocast(...)`): a
+# function they decorate compiles as the user wrote it
+TORCH_DECORATOR_FILES = tuple(os.path.join(TORCH_DIR, *p) for p in (("utils", "_contextlib.py"),
+                                                                     ("amp", "autocast_mode.py")))
 
 _dirs: dict = {}
 
@@ -70,7 +74,7 @@ def skip_reason(code, force: bool = False) -> Optional[str]:
     if filename.startswith(ENGINE_DIRS):
         return "the engine itself"
     if filename.startswith(TORCH_DIR):
-        if force or filename.startswith(TORCH_NN_MODULES):
+        if force or filename.startswith(TORCH_NN_MODULES) or filename in TORCH_DECORATOR_FILES:
             return None  # module forwards compile, as PEP 523 would see them
         return "torch internals"
     if filename.startswith(library_dirs()):

@@ -240,6 +240,21 @@ class GradModeVariable(VariableTracker):
         return torch.set_grad_enabled
 
 
+class AutocastVariable(VariableTracker):
+    """torch.autocast(...) as a context manager: the block's setting (an AutocastState), and
+    once entered the state from before it. `entered_in_graph`: entered by a node of this
+    graph (a break re-enters it in the generated code) rather than before the graph (a
+    resumed block, runtime state the graph starts in)."""
+
+    def __init__(self, block, prev=None, entered_in_graph: bool = False):
+        self.block = block
+        self.prev = prev
+        self.entered_in_graph = entered_in_graph
+
+    def python_type(self):
+        return torch.autocast
+
+
 class WithExitVariable(VariableTracker):
     """The __exit__ that BEFORE_WITH pushes."""
 

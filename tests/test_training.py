@@ -1,0 +1,152 @@
+"""Training as users write it: mixed precision, custom autograd Functions, activation
+checkpointing and optimizer steps, compiled by the engine on every backend and compared
+with eager (results and gradients), with graph counts beside torch.compile's."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import engine
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def run_both(fn, make_inputs, params=(), backend="eager", tol=None):
+    """fn compiled and eager on the same inputs: outputs, dtypes, and the gradients of the
+    inputs and `params` compared. Returns the engine's explain() of fn."""
+    torch.manual_seed(0)
+    inputs = make_inputs()
+    torch.manual_seed(0)
+    expected = fn(*inputs)
+    exp_grads = _grads(expected, inputs, params)
+    engine.reset()
+    compiled = engine.compile(fn, backend=backend)
+    for _ in range(2):  # the first call compiles, the second runs the cached code
+        inputs2 = [t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+                   for t in inputs]
+        torch.manual_seed(0)
+        got = compiled(*inputs2)
+        got_grads = _grads(got, inputs2, params)
+        kw = tol or {}
+        for g, e in zip(_tensors(got), _tensors(expected)):
+            assert g.dtype == e.dtype
+            torch.testing.assert_close(g, e, **kw)
+        for g, e in zip(got_grads, exp_grads):
+            torch.testing.assert_close(g, e, **kw)
+    assert not torch.is_autocast_enabled("cpu"), "the compiled code left autocast on"
+    engine.reset()
+    return engine.explain(fn)(*make_inputs())
+
+
+def _grads(out, inputs, params):
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad] + list(params)
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    if not leaves or not outs:
+        return []
+    loss = sum(t.float().sum() for t in outs)
+    return [g if g is not None else torch.zeros(()) for g in torch.autograd.grad(loss, leaves, allow_unused=True)]
+
+
+def torch_explain(fn, *args):
+    import torch._dynamo
+    torch._dynamo.reset()
+    return torch._dynamo.explain(fn)(*args)
+
+
+# bf16 rounding differs where eager sums two gradient contributions in bf16 (one cached
+# cast of a weight) and a split graph casts twice
+BF16 = dict(rtol=2e-2, atol=2e-2)
+
+# ---------------------------------------------------------------------- autocast
+
+lin = nn.Linear(8, 8)
+
+
+def autocast_block(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x).relu()
+        with torch.autocast("cpu", enabled=False):   # a float32 island inside
+            z = y.float() @ lin.weight
+    return y.float() * 2, z, y.dtype
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_regions_trace_into_one_graph_with_eagers_dtypes(backend):
+    r = run_both(autocast_block, lambda: [torch.randn(4, 8, requires_grad=True)], [lin.weight], backend, BF16)
+    assert (r.graph_count, r.graph_break_count) == (1, 0)
+    t = torch_explain(autocast_block, torch.randn(4, 8))
+    assert r.graph_count <= t.graph_count
+
+
+def autocast_with_a_break(x):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x).relu()
+        print("inside autocast:", torch.is_autocast_enabled("cpu"))  # a graph break inside the block
+        z = lin(y)                                                    # still bf16 after the break
+    return y.float() * 2, z, z.float().sigmoid()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_break_inside_autocast_resumes_inside_it(backend, capsys):
+    r = run_both(autocast_with_a_break, lambda: [torch.randn(4, 8, requires_grad=True)], [lin.weight], backend,
+                 BF16)
+    assert (r.graph_count, r.graph_break_count) == (2, 1)
+    # the print ran with autocast on, in every call (eager and compiled alike)
+    assert "inside autocast: False" not in capsys.readouterr().out
+
+
+@torch.autocast("cpu", dtype=torch.bfloat16)
+def autocast_decorated(x):
+    return lin(x) * 3
+
+
+class AmpModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    @torch.amp.autocast("cpu")
+    def forward(self, x):
+        return self.lin(x).sigmoid()
+
+
+amp_module = AmpModule()
+
+
+def legacy_spelling(x):
+    with torch.cpu.amp.autocast():
+        return amp_module(x) + lin(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [autocast_decorated, legacy_spelling], ids=["decorator", "method-decorator"])
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_autocast_as_a_decorator_and_in_its_older_spellings(fn, backend):
+    r = run_both(fn, lambda: [torch.randn(4, 8, requires_grad=True)], [lin.weight], backend, BF16)
+    assert (r.graph_count, r.graph_break_count) == (1, 0)
+
+
+def float32_island(x):
+    with torch.autocast("cpu", enabled=False):
+        return (x @ lin.weight).sum(-1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_compiled_function_called_inside_autocast_keeps_its_own_float32_block(backend):
+    engine.reset()
+    compiled = engine.compile(float32_island, backend=backend)
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = float32_island(x)
+        got = compiled(x)
+        again = compiled(x)
+    assert got.dtype == again.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(got, expected)
