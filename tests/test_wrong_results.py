@@ -88,3 +88,55 @@ def test_view_of_an_input_mutated_in_place(layout, backend):
         return {"offset": base[:, 1:-1], "transposed": base.t(), "offset_and_transposed": base[1:, 1:].t()}[layout],
 
     run(f, make, backend)
+
+
+# -- K1, K5, K4: data-dependent output sizes (nonzero, unique, masked_select, t[t > 0]) ---------
+# The ops are captured; their sizes are unbacked symbols (u0), read from the tensors where
+# Python code uses them. The AOT stage and codegen cannot compile such graphs: they run the
+# captured ops (the reason on the `aot` log and perf_hints).
+
+X = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_sizes_in_python(backend):
+    def f(x):
+        pos = x[x > 0]
+        return pos.shape[0] + 1, pos.expand(2, *pos.shape) * 2, pos.sum()
+
+    run(f, lambda: (X.clone(),), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_ops(backend):
+    def f(x):
+        t = x.detach()
+        picked = t[t > 0]
+        picked.add_(picked, alpha=2)
+        return torch.unique(x) * 2, torch.nonzero(x) + 1, torch.masked_select(x, x > 0).cos(), picked
+
+    run(f, lambda: (X.clone(),), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_size_with_gradients(backend):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.linspace(-1, 1, 6))
+
+        def forward(self, z):
+            t0 = self.scale[self.scale > 0]
+            return (z[:, :t0.shape[0]] * t0).sum()
+
+    torch.manual_seed(0)
+    m = M()
+    z = torch.randn(3, 6)
+    expected = m(z)
+    expected.backward()
+    grad = m.scale.grad.clone()
+    m.scale.grad = None
+    got = engine.compile(m, backend=backend)(z)
+    same(got, expected)
+    got.backward()
+    torch.testing.assert_close(m.scale.grad, grad)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -84,6 +85,7 @@ class AOTCompiled:
         self.num_user = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         self.cache: dict = {}
         self.compile_id = observe.current_compile_id()
+        self.data_dependent = _data_dependent_sizes(gm)
         self.last_stats: Optional[PartitionStats] = None   # for tests and benchmarks
 
     # -- calls ---------------------------------------------------------------------------
@@ -125,6 +127,9 @@ class AOTCompiled:
 
     def _build(self, key: tuple, flat: list):
         grad_enabled, specs, aliases, _autocast = key
+        if self.data_dependent:
+            observe.log("aot", logging.INFO, "graph runs eagerly (not compiled): %s", self.data_dependent)
+            return EagerFallback(self.gm, self.num_user, self.data_dependent)
         # A ShapeEnv lets data-dependent scalars (`t.item()` in the graph) trace as symbols.
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
@@ -235,6 +240,21 @@ def _key_difference(old: tuple, new: tuple) -> str:
     if old[2] != new[2]:
         diffs.append("inputs that share storage changed")
     return "; ".join(diffs[:4]) or "same inputs"
+
+
+def _data_dependent_sizes(gm: torch.fx.GraphModule) -> Optional[str]:
+    """Why the graph cannot be compiled when a tensor in it has a data-dependent size
+    (nonzero, unique, masked_select, `t[t > 0]`: unbacked symbols), else None."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        val = node.meta.get("example_value", node.meta.get("val"))
+        for t in pytree.tree_leaves(val):
+            if isinstance(t, torch.Tensor) and free_unbacked_symbols(t):
+                syms = ", ".join(sorted(map(str, free_unbacked_symbols(t))))
+                return (f"{node.name} has a data-dependent size ({syms}): graphs with data-dependent "
+                        f"output shapes run their captured ops")
+    return None
 
 
 def _example_values(gm: torch.fx.GraphModule) -> list:

@@ -107,6 +107,7 @@ class OutputGraph:
         if config.capture_scalar_outputs:
             scalars.enable(self.fake_mode)
         self.sym_outputs: dict = {}  # id(ConstantVariable of a captured scalar) -> its output fx node
+        self.unbacked_sizes: dict = {}  # data-dependent size symbol -> (proxy, output index, dim, SymInt)
         self.builder = Builder(self)
         self.guards: dict[Any, Guard] = {}
         self.memo: dict[int, VariableTracker] = {}
@@ -255,7 +256,26 @@ class OutputGraph:
         if isinstance(result, torch.Tensor):
             proxy.node.meta["val"] = result
         proxy.node.meta["stack_trace"] = self._stack_trace()
+        self._note_unbacked_sizes(proxy, result)
         return proxy, result
+
+    def _note_unbacked_sizes(self, proxy, result) -> None:
+        """A data-dependent size (nonzero, unique, `t[t > 0]`: an unbacked symbol u0) is read
+        from the tensor that has it (`aten.sym_size`) where the graph or the generated code
+        needs it as a number (shapes.symbolic._placeholder)."""
+        env = self.fake_mode.shape_env
+        if env is None:
+            return
+        items = [(None, result)] if isinstance(result, torch.Tensor) else \
+            list(enumerate(result)) if isinstance(result, (tuple, list)) else []
+        for index, t in items:
+            if not isinstance(t, torch.Tensor):
+                continue
+            for d, size in enumerate(t.shape):
+                if isinstance(size, torch.SymInt) and scalars.is_unbacked(size):
+                    sym = size.node.expr
+                    if getattr(sym, "is_Symbol", False) and sym not in env.symbol_placeholders:
+                        self.unbacked_sizes.setdefault(sym, (proxy, index, d, size))
 
     def enter_autocast(self, block: autocastmod.AutocastState) -> autocastmod.AutocastState:
         """An autocast block starts: a graph node, and the traced state. Returns the state before."""

@@ -77,10 +77,23 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     _, out_spec = pytree.tree_flatten(out_node.args[0])
     try:
+        _refuse_data_dependent_sizes(gm)
         return _compile(gm, example_inputs, out_spec)
     except Exception as exc:   # never a wrong result: run the aten graph as it is
         return uncompiled(gm, out_spec, exc, "codegen",
                           logging.WARNING if not isinstance(exc, Unsupported) else logging.INFO)
+
+
+def _refuse_data_dependent_sizes(gm) -> None:
+    """The wrapper cannot compute a size only known after a kernel ran (nonzero, unique:
+    an unbacked symbol u0)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        for t in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(t, torch.Tensor) and free_unbacked_symbols(t):
+                raise Unsupported(f"{node.name} has a data-dependent size "
+                                  f"({', '.join(sorted(map(str, free_unbacked_symbols(t))))})")
 
 
 def uncompiled(gm, out_spec, exc: Exception, what: str, level: int) -> CompiledGraph:

@@ -82,6 +82,18 @@ def _placeholder(env: EngineShapeEnv, sym: sympy.Symbol):
     if proxy is not None:
         return proxy
     out = env.owner
+    found = getattr(out, "unbacked_sizes", {}).get(sym)
+    if found is not None:   # a data-dependent size: read from the tensor that has it
+        tensor, index, dim, value = found
+        if index is not None:
+            tensor = tensor[index]
+        proxy = out.tracer.create_proxy("call_function", torch.ops.aten.sym_size.int, (tensor, dim), {})
+        proxy.node.meta["example_value"] = value
+        proxy.node.meta["val"] = value
+        env.symbol_placeholders[sym] = proxy
+        return proxy
+    if sym not in symbol_names(env):
+        raise NotImplementedError(f"no graph value computes the symbol {sym}")
     name = symbol_names(env)[sym]
     source = SymbolInputSource(name)
     graph = out.graph
