@@ -150,3 +150,130 @@ def test_a_compiled_function_called_inside_autocast_keeps_its_own_float32_block(
         again = compiled(x)
     assert got.dtype == again.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(got, expected)
+
+
+# ---------------------------------------------------------------------- torch.autograd.Function
+
+
+class ScaledSquare(torch.autograd.Function):
+    """save_for_backward, an attribute on ctx, a constant argument, needs_input_grad."""
+
+    @staticmethod
+    def forward(ctx, x, w, k):
+        ctx.save_for_backward(x, w)
+        ctx.k = k
+        return x * x * w * k
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = g * 2 * x * w * ctx.k if ctx.needs_input_grad[0] else None
+        gw = (g * x * x * ctx.k).sum(0) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+class StraightThrough(torch.autograd.Function):
+    """A gradient eager autograd would not give (round's gradient is zero): the user's backward must be used."""
+
+    @staticmethod
+    def forward(x):
+        return x.round()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        return g * 1.0
+
+
+class SortWithIndices(torch.autograd.Function):
+    """Two outputs, one of them not differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):
+        values, idx = x.sort(-1)
+        ctx.mark_non_differentiable(idx)
+        ctx.save_for_backward(idx)
+        return values, idx
+
+    @staticmethod
+    def backward(ctx, gv, gi):
+        idx, = ctx.saved_tensors
+        return torch.zeros_like(gv).scatter(-1, idx, gv)
+
+
+class AddOneInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.add_(1)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+w_param = nn.Parameter(torch.randn(8))
+
+
+def uses_functions(x):
+    y = ScaledSquare.apply(x.sin(), w_param, 3.0)
+    v, i = SortWithIndices.apply(y)
+    z = StraightThrough.apply(v * 4)
+    return AddOneInPlace.apply(z.clone()).cos(), i
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autograd_functions_are_one_graph_with_the_users_backward(backend):
+    r = run_both(uses_functions, lambda: [torch.randn(4, 8, requires_grad=True)], [w_param], backend)
+    assert (r.graph_count, r.graph_break_count) == (1, 0)
+    t = torch_explain(uses_functions, torch.randn(4, 8, requires_grad=True))
+    assert r.graph_count <= t.graph_count
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autograd_function_without_grad_inputs(backend):
+    run_both(uses_functions, lambda: [torch.randn(4, 8)], [], backend)
+
+
+class BranchesOnData(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2 if x.sum() > 0 else x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class BadBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("this backward is broken")
+
+
+def branches(x):
+    return BranchesOnData.apply(x.sin()).cos()
+
+
+def bad_backward(x):
+    return BadBackward.apply(x.sin()).cos()
+
+
+@pytest.mark.parametrize("fn, why", [(branches, "BranchesOnData"), (bad_backward, "backward of autograd.Function BadBackward")])
+def test_a_function_that_cannot_be_traced_breaks_with_its_name(fn, why):
+    x = torch.randn(4, requires_grad=True)
+    engine.reset()
+    r = engine.explain(fn)(x)
+    assert r.graph_break_count >= 1
+    assert any(why in str(b.reason) for b in r.break_reasons), [str(b.reason) for b in r.break_reasons]
+    if fn is branches:
+        run_both(fn, lambda: [torch.randn(4, requires_grad=True)], [], "aot_eager")

@@ -22,6 +22,7 @@ import observe
 
 from .. import config, markers
 from . import autocast as autocastmod
+from . import autograd_function
 from . import numpy_ops, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
@@ -1108,3 +1109,4 @@ def _autocast_query(fn):
 
 for _k, _v in _state_queries().items():
     SPECIAL_FUNCTIONS[_k] = _v
+SPECIAL_FUNCTIONS[autograd_function.APPLY] = autograd_function.call_apply
