@@ -140,3 +140,26 @@ def test_data_dependent_size_with_gradients(backend):
     same(got, expected)
     got.backward()
     torch.testing.assert_close(m.scale.grad, grad)
+
+
+# -- named results of torch ops (torch.return_types): fields, indexing, unpacking --------------
+
+def named_results(x):
+    top = torch.topk(x, 2)
+    lo, lo_idx = x.min(1)
+    return (x.max(-1).values * 2, x.max(dim=0).indices + 1, torch.min(x, 1).values.clamp(0), lo + lo_idx,
+            x.sort(-1)[1] * 1, x.sort(-1).values.exp(), top.indices + top[0].long(), x.kthvalue(2, 1).values.neg(),
+            x.round().mode(1).indices * 1, x.median(1).values.abs(), torch.aminmax(x).max + 1, len(x.max(-1)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_named_results_of_torch_ops(backend):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    run(named_results, lambda: (x.clone(),), backend)
+
+
+def test_named_results_do_not_break_the_graph():
+    torch.manual_seed(0)
+    report = engine.explain(named_results)(torch.randn(3, 4))
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons

@@ -1267,8 +1267,8 @@ class Frame:
                 return BoundMethodVariable(obj, name)
             return wrap_constant(attr)
         if isinstance(obj, (ListVariable, TupleVariable, DictVariable, SetVariable, IteratorVariable)):
-            if isinstance(obj, TupleVariable) and obj.is_namedtuple() and name in obj.cls._fields:
-                return obj.items[obj.cls._fields.index(name)]
+            if isinstance(obj, TupleVariable) and obj.field_index(name) is not None:
+                return obj.items[obj.field_index(name)]
             if isinstance(obj, TupleVariable) and obj.is_namedtuple() and not hasattr(tuple, name):
                 attr = inspect.getattr_static(obj.cls, name, None)
                 if isinstance(attr, types.FunctionType):

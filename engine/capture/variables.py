@@ -92,8 +92,32 @@ class TupleVariable(VariableTracker):
     def is_namedtuple(self) -> bool:
         return self.cls is not tuple and hasattr(self.cls, "_fields")
 
+    def field_index(self, name: str) -> Optional[int]:
+        """The item a field name reads: a namedtuple's, or a torch.return_types structseq's
+        (`x.max(-1).values`), None if `name` is no field."""
+        fields = self.cls._fields if self.is_namedtuple() else _structseq_fields(self.cls)
+        return fields.index(name) if name in fields else None
+
     def __repr__(self):
         return f"TupleVariable({self.items!r})"
+
+
+_STRUCTSEQ_FIELDS: dict = {}
+
+
+def _structseq_fields(cls: type) -> tuple:
+    """Field names, in order, of a structseq type (torch.return_types.max, ...); () for others."""
+    if cls is tuple or not hasattr(cls, "n_fields") or not issubclass(cls, tuple):
+        return ()
+    if cls not in _STRUCTSEQ_FIELDS:
+        try:
+            probe = cls(tuple(range(cls.n_fields)))
+            names = [k for k, v in vars(cls).items() if type(v).__name__ == "member_descriptor"]
+            _STRUCTSEQ_FIELDS[cls] = tuple(sorted((k for k in names if isinstance(getattr(probe, k), int)),
+                                                  key=lambda k: getattr(probe, k)))
+        except Exception:
+            _STRUCTSEQ_FIELDS[cls] = ()
+    return _STRUCTSEQ_FIELDS[cls]
 
 
 class DictViewVariable(ListVariable):
