@@ -16,8 +16,12 @@ _debug_dir.install()
 from .api import (OptimizedModule, allow_in_graph, compile, disable, disallow_in_graph, explain,  # noqa: E402
                   graph_break, mark_dynamic, mark_static, reset)
 from .capture.convert_frame import BackendCompilerFailed, InternalCompilerError, Unsupported  # noqa: E402
+from .stance import RecompileError, set_stance  # noqa: E402
+from . import stance as _stance  # noqa: E402
+
+_stance.install_torch_hook()  # torch.compiler.set_stance(...) sets the engine's stance too
 
 __all__ = ["config", "compile", "explain", "reset", "disable", "allow_in_graph", "disallow_in_graph", "graph_break",
            "mark_dynamic", "mark_static", "OptimizedModule", "Unsupported", "InternalCompilerError",
-           "BackendCompilerFailed"]
+           "BackendCompilerFailed", "set_stance", "RecompileError"]
 from . import bytecode_debugger  # noqa: E402  engine.bytecode_debugger.debug(): the bytecode step debugger

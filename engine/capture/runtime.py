@@ -18,7 +18,8 @@ import torch
 
 import observe
 
-from .. import config
+from .. import config, stance, torch_config
+from ..stance import STANCE  # engine.set_stance
 from . import routed, skipfiles
 
 
@@ -203,7 +204,7 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False,
     """`force`: compile `fn` even though it lives in torch (an optimizer's step, see
     `optimizer_step`), as PEP 523 would see its frame."""
     # the hit path: every test below is a few attribute reads (should_compile is cached per code)
-    if _state.disabled or type(fn) is not _FunctionType:
+    if _state.disabled or STANCE.force_eager or type(fn) is not _FunctionType:
         return fn(*args, **kwargs)
     if getattr(fn, "_engine_disabled", False):
         inner = getattr(fn, "_engine_routed", None)  # engine.disable(f, recursive=False)
@@ -225,7 +226,7 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False,
     entries = cache.lookup.get(options.key)
     if entries:
         entry = entries[0]
-        if entry.guards.check(L, G):
+        if (STANCE.skip_guards and len(entries) == 1) or entry.guards.check(L, G):
             return entry.fn(L, G, fn)
         for i in range(1, len(entries)):
             entry = entries[i]
@@ -237,6 +238,9 @@ def run_function(fn, args, kwargs, options: CompileOptions, force: bool = False,
     # miss: compile with the real values
     key = options.key
     mine = [e for e in cache.entries if e.options_key == key]
+    if STANCE.on_miss and stance.miss(fn, L, G, mine, options):  # runs eagerly instead (or raises)
+        return run_routed(fn, args, kwargs, options, reported)
+    torch_config.sync()  # knobs the user set on torch._dynamo.config / torch._inductor.config
     if len(mine) >= config.cache_size_limit or len(cache.entries) >= config.accumulated_cache_size_limit:
         if not cache.limit_warned:
             cache.limit_warned = True
