@@ -163,3 +163,44 @@ def test_named_results_do_not_break_the_graph():
     torch.manual_seed(0)
     report = engine.explain(named_results)(torch.randn(3, 4))
     assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+
+
+# -- torch.linalg ops with error checks (aten._linalg_check_errors, an ordered side effect) -------
+# Functionalization has no token for the effect: the graph runs its captured ops (the reason
+# on the `aot` log), so a singular input still raises as in eager.
+
+LINALG = {
+    "cholesky": lambda a: torch.linalg.cholesky(a) * 2,
+    "inv": lambda a: torch.linalg.inv(a) + 1,
+    "solve": lambda a: torch.linalg.solve(a, a[:, :1]),
+    "lu_factor": lambda a: torch.linalg.lu_factor(a)[0].exp(),
+    "ldl_factor": lambda a: torch.linalg.ldl_factor(a.detach())[0] - 1,
+    "tensorinv": lambda a: torch.linalg.tensorinv(a, ind=1),
+    "tensorsolve": lambda a: torch.linalg.tensorsolve(a, a[:, 0]),
+}
+
+
+def _spd(requires_grad=False):
+    torch.manual_seed(0)
+    x = torch.randn(3, 3)
+    return (x @ x.mT + 3 * torch.eye(3)).requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(LINALG))
+def test_linalg_ops_with_error_checks(name, backend):
+    fn = LINALG[name]
+    run(fn, lambda: (_spd(),), backend)
+    a, b = _spd(True), _spd(True)
+    expected, got = fn(a), engine.compile(fn, backend=backend)(b)
+    same(got, expected)
+    if expected.requires_grad:           # ldl_factor has no derivative: its input is detached
+        expected.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linalg_error_on_a_singular_input_is_eagers(backend):
+    with pytest.raises(torch.linalg.LinAlgError):
+        engine.compile(LINALG["cholesky"], backend=backend)(-torch.eye(3))

@@ -138,7 +138,15 @@ class AOTCompiled:
         observe.log("aot", logging.DEBUG, "compiling for %d inputs (%d lifted parameters/buffers), %s",
                     len(flat), len(self.lifted.getters), "training" if training else "inference")
         with observe.stage("aot_collect_metadata"):
-            meta = collect_metadata(self.gm, self.lifted, fakes, self.num_user, fake_mode, training, inputs_alias)
+            try:
+                meta = collect_metadata(self.gm, self.lifted, fakes, self.num_user, fake_mode, training,
+                                        inputs_alias)
+            except AOTAutogradError as exc:
+                reason = _effectful_op(exc)
+                if reason is None:
+                    raise
+                observe.log("aot", logging.INFO, "graph runs eagerly (not compiled): %s", reason)
+                return EagerFallback(self.gm, self.num_user, reason)
         if training and not any(meta.tangent_mask()):
             training = False      # no output needs a gradient: an inference graph will do
         gid = next(_graph_ids)
@@ -240,6 +248,17 @@ def _key_difference(old: tuple, new: tuple) -> str:
     if old[2] != new[2]:
         diffs.append("inputs that share storage changed")
     return "; ".join(diffs[:4]) or "same inputs"
+
+
+def _effectful_op(exc: AOTAutogradError) -> Optional[str]:
+    """Why a graph runs eagerly when functionalization met an op with a side effect that
+    must stay ordered (torch.linalg's error checks, `aten._linalg_check_errors`: dropping it
+    would return garbage where eager raises), else None."""
+    cause = exc.cause
+    if isinstance(cause, AssertionError) and "Could not find a token for effect" in str(cause):
+        where = f" (in {exc.node.name})" if exc.node is not None else ""
+        return f"an op with an ordered side effect{where}: {cause}"
+    return None
 
 
 def _data_dependent_sizes(gm: torch.fx.GraphModule) -> Optional[str]:
