@@ -20,6 +20,9 @@ from .stance import RecompileError, set_stance  # noqa: E402
 from . import stance as _stance  # noqa: E402
 
 _stance.install_torch_hook()  # torch.compiler.set_stance(...) sets the engine's stance too
+from . import torch_config as _torch_config  # noqa: E402
+
+_torch_config.check_environment()  # the guide's TORCHDYNAMO_* variables the engine does not act on, named once
 
 __all__ = ["config", "compile", "explain", "reset", "disable", "allow_in_graph", "disallow_in_graph", "graph_break",
            "mark_dynamic", "mark_static", "OptimizedModule", "Unsupported", "InternalCompilerError",

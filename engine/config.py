@@ -12,7 +12,7 @@ from typing import Any, Iterator
 suppress_errors: bool = os.environ.get("TORCHDYNAMO_SUPPRESS_ERRORS", "0") == "1"
 verbose: bool = os.environ.get("TORCHDYNAMO_VERBOSE", "0") == "1"
 debug_function: str | None = os.environ.get("TORCHDYNAMO_DEBUG_FUNCTION") or None
-capture_scalar_outputs: bool = False
+capture_scalar_outputs: bool = os.environ.get("TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS", "0") == "1"
 reorderable_logging_functions: set = set()
 # An exception inside the symbolic interpreter (a construct it models wrongly) becomes a
 # graph break at that instruction, so the program still runs correctly (eagerly there).

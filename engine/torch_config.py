@@ -9,7 +9,9 @@ back when the user changes them back (a `torch._dynamo.config.patch(...)` block 
 Which one wins: a knob set on `engine.config` itself (to a value other than its default)
 wins over the torch spelling; otherwise the torch knob the user set is used. A torch knob
 the engine has no counterpart for, once the user changes it, is named in one warning
-(on the bus and as a Python warning), once per knob.
+(on the bus and as a Python warning), once per knob. So are the guide's environment
+variables the engine does not act on (`check_environment`, at import), with what to use
+instead.
 """
 
 from __future__ import annotations
@@ -170,3 +172,32 @@ def _warn(msg: str) -> None:
     observe.log("dynamo", logging.WARNING, "%s", msg)
     from .capture.convert_frame import _user_stacklevel
     warnings.warn(msg, UserWarning, stacklevel=_user_stacklevel())
+
+
+# The guide's environment variables the engine does not act on, and what to use instead.
+UNSUPPORTED_ENV = {
+    "TORCHDYNAMO_REPRO_AFTER": "there is no minifier yet: TORCH_COMPILE_DEBUG=1 writes each graph as a runnable "
+                               "fx_graph_runnable.py (docs/debug_dir.md), and docs/ablation.md finds the stage at fault",
+    "TORCHDYNAMO_REPRO_LEVEL": "there is no minifier yet (see TORCHDYNAMO_REPRO_AFTER)",
+    "TORCHDYNAMO_DYNAMIC_SHAPES": "pass dynamic=True or dynamic=False to engine.compile",
+    "TORCHDYNAMO_EXTENDED_DEBUG_CREATE_SYMBOL": "TORCH_LOGS=dynamic shows each symbol with the user line that made it",
+    "TORCH_COMPILE_REPLAY_RECORD": "there is no record/replay: TORCH_COMPILE_DEBUG=1 keeps each frame's graphs and code",
+}
+
+
+def check_environment(environ=None) -> None:
+    """Name the unsupported variables that are set, in one warning."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    found = [f"{k} ({why})" for k, why in UNSUPPORTED_ENV.items() if environ.get(k)]
+    if found:
+        msg = "engine: these environment variables have no effect here: " + "; ".join(found) + "."
+        observe.log("dynamo", logging.WARNING, "%s", msg)
+        here = os.path.dirname(os.path.abspath(__file__))
+        level, f = 1, sys._getframe(0)
+        while f is not None and f.f_code.co_filename.startswith((here, "<frozen")):
+            # to the user's `import engine` (warnings itself skips the import machinery's frames)
+            level += not f.f_code.co_filename.startswith("<frozen")
+            f = f.f_back
+        warnings.warn(msg, UserWarning, stacklevel=level)

@@ -380,3 +380,21 @@ def test_reduce_overhead_warns_once_and_runs_as_default():
     assert len([w for w in seen if "reduce-overhead" in str(w.message)]) == 1
     assert seen[0].filename == __file__
     assert torch.equal(f(torch.ones(2)), torch.full((2,), 3.0))
+
+
+# ---------------------------------------------------------------------- environment variables
+
+
+def test_capture_scalar_outputs_env_var_is_read():
+    result = run_script("import engine; print(engine.config.capture_scalar_outputs)",
+                        TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS="1")
+    assert result.stdout.strip() == "True", result.stderr
+
+
+def test_guide_env_vars_the_engine_ignores_are_named_once_at_import():
+    result = run_script("import engine", TORCHDYNAMO_REPRO_AFTER="aot", TORCHDYNAMO_DYNAMIC_SHAPES="0")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("UserWarning") == 1
+    assert "TORCHDYNAMO_REPRO_AFTER (there is no minifier yet" in result.stderr
+    assert "TORCHDYNAMO_DYNAMIC_SHAPES (pass dynamic=True or dynamic=False" in result.stderr
+    assert '<string>:1: UserWarning' in result.stderr    # at the user's import line
