@@ -204,3 +204,35 @@ def test_linalg_ops_with_error_checks(name, backend):
 def test_linalg_error_on_a_singular_input_is_eagers(backend):
     with pytest.raises(torch.linalg.LinAlgError):
         engine.compile(LINALG["cholesky"], backend=backend)(-torch.eye(3))
+
+
+# -- K6, K11: requires_grad of results when in-place ops go through .detach() ---------------------
+
+def _leaf_and_other():
+    torch.manual_seed(0)
+    return torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+
+
+def detached_then_mutated(x, z):
+    w = x * 2
+    y = w.detach()
+    y.mul_(2)               # writes w's memory too; w keeps its grad_fn, y requires no grad
+    return w, y
+
+
+def detached_input_mutated(x, z):
+    y = x.detach()
+    y.mul_(2)
+    return y, x * 1
+
+
+def detached_gains_grad(x, z):
+    y = (x * 2).detach()
+    y.add_(z)               # y now requires grad, through z
+    return y, y.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [detached_then_mutated, detached_input_mutated, detached_gains_grad])
+def test_requires_grad_through_detach_and_inplace(fn, backend):
+    run(fn, _leaf_and_other, backend)

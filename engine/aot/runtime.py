@@ -25,7 +25,10 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     leaves = []
     for o in meta.outputs:
         if o.kind == "graph":
-            leaves.append(outs[n + o.index])
+            out = outs[n + o.index]
+            if isinstance(out, torch.Tensor) and out.requires_grad and not o.requires_grad:
+                out = out.detach()
+            leaves.append(out)
         elif o.kind == "input":
             leaves.append(flat[o.index])
         elif o.kind == "alias":
@@ -43,7 +46,10 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
                     base = base.detach()
                 leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
             else:   # a compiler gave this output its own buffer: the computed value is right
-                leaves.append(outs[n + o.fallback_index])
+                out = outs[n + o.fallback_index]
+                if out.requires_grad and not o.requires_grad:
+                    out = out.detach()
+                leaves.append(out)
         else:
             leaves.append(o.constant)
     return pytree.tree_unflatten(leaves, meta.out_spec)
@@ -105,7 +111,12 @@ class TrainingEntry:
                 ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
                 ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
                 if nondiff:
-                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)])
+                    # A tensor that is also a differentiable output (a compiler may return one
+                    # buffer for `w` and `w.detach()`) stays differentiable: the epilogue
+                    # detaches the output that must not require grad.
+                    diff = {id(fw_outs[k]) for k, m in enumerate(mask) if m}
+                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)
+                                                  and id(fw_outs[k]) not in diff])
                 return tuple(fw_outs)
 
             @staticmethod
