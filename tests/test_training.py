@@ -277,3 +277,79 @@ def test_a_function_that_cannot_be_traced_breaks_with_its_name(fn, why):
     assert any(why in str(b.reason) for b in r.break_reasons), [str(b.reason) for b in r.break_reasons]
     if fn is branches:
         run_both(fn, lambda: [torch.randn(4, requires_grad=True)], [], "aot_eager")
+
+
+# ---------------------------------------------------------------------- activation checkpointing
+
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential  # noqa: E402
+
+block = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 16))
+
+
+def no_checkpoint(x):
+    return block(x).sin()
+
+
+def checkpointed(x):
+    return checkpoint(block, x, use_reentrant=False).sin()
+
+
+def checkpointed_sequential(x):
+    return checkpoint_sequential(block, 2, x, use_reentrant=False).sin()
+
+
+def activation_bytes(fn, x):
+    """Bytes of non-parameter tensors the call saves for its backward (second call: the
+    first one compiles, and tracing saves fake tensors too)."""
+    params = {p.data_ptr() for p in block.parameters()}
+    total = [0]
+
+    def pack(t):
+        if t.data_ptr() not in params and t.data_ptr() != x.data_ptr():
+            total[0] += t.numel() * t.element_size()
+        return t
+
+    fn(x)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    return total[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [checkpointed, checkpointed_sequential])
+def test_checkpointed_code_compiles_into_the_graph(fn, backend):
+    r = run_both(fn, lambda: [torch.randn(8, 16, requires_grad=True)], list(block.parameters()), backend)
+    assert (r.graph_count, r.graph_break_count) == (1, 0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_backward_recomputes_a_checkpointed_block_instead_of_saving_it(backend):
+    x = torch.randn(8, 16, requires_grad=True)
+    engine.reset()
+    plain = activation_bytes(engine.compile(no_checkpoint, backend=backend), x)
+    engine.reset()
+    ckpt = activation_bytes(engine.compile(checkpointed, backend=backend), x)
+    engine.reset()
+    seq = activation_bytes(engine.compile(checkpointed_sequential, backend=backend), x)
+    # without checkpointing the block's hidden activations (8x64 floats each) are saved (the
+    # min-cut recomputes the GELUs from the Linears' outputs); with it, none of them (only what
+    # sin() needs after the block); with two segments, the last segment's
+    assert plain >= 2 * 8 * 64 * 4
+    assert ckpt <= 8 * 16 * 4
+    assert ckpt < seq < plain
+
+
+def reentrant(x):
+    return checkpoint(block, x, use_reentrant=True).sin()
+
+
+def test_the_reentrant_form_breaks_and_says_how_to_compile_it():
+    engine.reset()
+    r = engine.explain(reentrant)(torch.randn(8, 16, requires_grad=True))
+    assert any("use_reentrant=False" in str(b.reason) for b in r.break_reasons)
+    x = torch.randn(8, 16, requires_grad=True)
+    engine.reset()
+    got = engine.compile(reentrant, backend="aot_eager")(x)
+    torch.testing.assert_close(got, reentrant(x))
+    got.sum().backward()   # the reentrant form supports .backward() only (not autograd.grad)
+    assert x.grad is not None

@@ -3,7 +3,8 @@ recompute everything else it needs, recomputing only cheap ops (views, pointwise
 constants). A max-flow / min-cut over the joint graph's forward part:
 
   source -> every primal (and every op that must not be recomputed: matmuls, reductions,
-            random ops) with infinite capacity;
+            random ops) with infinite capacity, but for ops inside an activation checkpoint
+            (meta["recompute"], engine/capture/checkpoint.py), which are never saved;
   node_in -> node_out with capacity = bytes of the node's output (the cost of saving it);
   node_out -> user_in with infinite capacity;
   node_out -> sink (infinite) where a backward node reads a forward node.
@@ -19,7 +20,7 @@ import operator
 import torch
 import torch.fx
 
-from .partition import JointParts, tensor_bytes
+from .partition import JointParts, must_recompute, tensor_bytes
 
 INF = 1 << 62
 
@@ -150,7 +151,9 @@ def min_cut_saved(parts: JointParts, free_primals: set = frozenset()) -> list[to
             # A tuple-valued node cannot be saved (its getitems can); a scalar costs a word.
             cost = tensor_bytes(node) if isinstance(val, torch.Tensor) else (
                 INF if isinstance(val, (tuple, list)) or val is None else 8)
-            if not recomputable(node):
+            if must_recompute(node):
+                cost = INF   # inside torch.utils.checkpoint: recomputed in the backward, never saved
+            elif not recomputable(node):
                 g.add_edge("source", (node, "in"), INF)
         g.add_edge((node, "in"), (node, "out"), cost)
         for user in node.users:

@@ -59,11 +59,22 @@ def ancestors(roots: Iterable, stop: set) -> set:
 
 def default_saved(parts: JointParts) -> list[torch.fx.Node]:
     """Save every forward value the backward uses: the forward computes exactly what its
-    outputs need, the backward everything else, reading the forward's values."""
-    fw = parts.forward_needed | set(parts.primals)
+    outputs need, the backward everything else, reading the forward's values (but for values
+    inside an activation checkpoint, which the backward computes again from the checkpoint's
+    inputs)."""
+    fw = {n for n in parts.forward_needed if not must_recompute(n)} | set(parts.primals)
     backward = ancestors(parts.grad_outputs, stop=fw)
     saved = {n for n in backward if n in fw}
     return [n for n in parts.graph.nodes if n in saved]
+
+
+def must_recompute(node: torch.fx.Node) -> bool:
+    """Made inside torch.utils.checkpoint (engine/capture/checkpoint.py: make_fx copies the
+    tag onto the aten nodes), and not random (recomputing would draw new numbers)."""
+    if node.meta.get("recompute") != "must":
+        return False
+    t = node.target
+    return not (isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags)
 
 
 def tensor_bytes(node: torch.fx.Node) -> int:

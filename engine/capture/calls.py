@@ -22,7 +22,7 @@ import observe
 
 from .. import config, markers
 from . import autocast as autocastmod
-from . import autograd_function
+from . import autograd_function, checkpoint
 from . import numpy_ops, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
@@ -53,6 +53,8 @@ def _inlinable_torch(fn) -> bool:
         # the optimizers' own code (not a wrapper that only borrowed an optimizer's name); opt.step()
         # itself is a graph break whose inner step compiles as its own frame (runtime.optimizer_step)
         return not runtime.is_optimizer_step_wrapper(fn)
+    if fn is torch.utils.checkpoint.checkpoint_sequential:
+        return True  # plain Python over checkpoint(), which the capture traces (capture/checkpoint.py)
     # torch.utils._contextlib, torch.amp.autocast_mode: `@torch.no_grad()`, `@torch.autocast(...)` as decorators
     return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
         mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib", "torch.amp.autocast_mode")
@@ -1110,3 +1112,4 @@ def _autocast_query(fn):
 for _k, _v in _state_queries().items():
     SPECIAL_FUNCTIONS[_k] = _v
 SPECIAL_FUNCTIONS[autograd_function.APPLY] = autograd_function.call_apply
+SPECIAL_FUNCTIONS[torch.utils.checkpoint.checkpoint] = checkpoint.call_checkpoint

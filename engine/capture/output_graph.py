@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
 from . import autocast as autocastmod
+from . import checkpoint
 from . import fake as fakemod
 from . import scalars
 from .builder import Builder
@@ -125,6 +126,8 @@ class OutputGraph:
         self.autocast: dict[str, autocastmod.AutocastState] = {}  # device -> traced state, where a block changed it
         self.autocast_open: list = []  # (block, prev) of the blocks this graph entered and has not left
         self.autocast_left: list = []  # (block, prev) of the blocks this graph started inside and left
+        self.checkpoint_region: Optional[int] = None  # inside torch.utils.checkpoint: its region (capture/checkpoint)
+        self.checkpoint_regions = 0
         self.initial_state = global_state()
         self.current_frame = None  # the interpreter Frame whose instruction is traced now
         self._last_placeholder: Optional[torch.fx.Node] = None
@@ -256,6 +259,8 @@ class OutputGraph:
         if isinstance(result, torch.Tensor):
             proxy.node.meta["val"] = result
         proxy.node.meta["stack_trace"] = self._stack_trace()
+        if self.checkpoint_region is not None:
+            checkpoint.tag(proxy.node, self.checkpoint_region)
         self._note_unbacked_sizes(proxy, result)
         return proxy, result
 
@@ -276,6 +281,12 @@ class OutputGraph:
                     sym = size.node.expr
                     if getattr(sym, "is_Symbol", False) and sym not in env.symbol_placeholders:
                         self.unbacked_sizes.setdefault(sym, (proxy, index, d, size))
+
+    def set_grad_enabled(self, mode: bool) -> None:
+        if mode != self.grad_enabled:
+            proxy = self.tracer.create_proxy("call_function", torch._C._set_grad_enabled, (mode,), {})
+            proxy.node.meta["stack_trace"] = self._stack_trace()
+        self.grad_enabled = mode
 
     def enter_autocast(self, block: autocastmod.AutocastState) -> autocastmod.AutocastState:
         """An autocast block starts: a graph node, and the traced state. Returns the state before."""
@@ -310,12 +321,6 @@ class OutputGraph:
     def _state_node(self, fn, s: autocastmod.AutocastState) -> None:
         proxy = self.tracer.create_proxy("call_function", fn, (s.device, s.enabled, s.dtype, s.cache_enabled), {})
         proxy.node.meta["stack_trace"] = self._stack_trace()
-
-    def set_grad_enabled(self, mode: bool) -> None:
-        if mode != self.grad_enabled:
-            proxy = self.tracer.create_proxy("call_function", torch._C._set_grad_enabled, (mode,), {})
-            proxy.node.meta["stack_trace"] = self._stack_trace()
-        self.grad_enabled = mode
 
     # ------------------------------------------------------------------ finishing
 
