@@ -236,3 +236,14 @@ def detached_gains_grad(x, z):
 @pytest.mark.parametrize("fn", [detached_then_mutated, detached_input_mutated, detached_gains_grad])
 def test_requires_grad_through_detach_and_inplace(fn, backend):
     run(fn, _leaf_and_other, backend)
+
+
+# -- an expanded input (one memory location seen many times) written through an index ---------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expanded_input_written_at_one_index(backend):
+    def f(z):
+        z[-1] = z[0] + 1
+        return z * 1
+
+    run(f, lambda: (torch.tensor([2.0]).expand(6),), backend)

@@ -134,6 +134,12 @@ def collect_metadata(gm: torch.fx.GraphModule, lifted: LiftedParams, fakes: list
         outputs, graph_leaves, graph_fakes, fallback = _describe_outputs(leaves, f_args, storages)
         graph_rg = [bool(t.requires_grad) for t in graph_fakes]
         graph_fakes = [from_fun(t) for t in graph_fakes]
+    for i, (info, a) in enumerate(zip(inputs, fakes)):
+        if info.mutates_data and isinstance(a, torch.Tensor) and \
+                any(st == 0 and sz > 1 for sz, st in zip(a.shape, a.stride())):
+            # written back whole, it would write one memory location many times (eager's
+            # `z[-1] = v` writes it once)
+            fallback = fallback or f"input {i} is mutated and has overlapping memory (an expanded tensor)"
     if any(o.kind == "alias" and inputs[o.index].mutates_data for o in outputs):
         fallback = _plain_view_layouts(gm, lifted, fakes, num_user, fake_mode, outputs) or fallback
     meta = _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias)
