@@ -117,8 +117,10 @@ def _apply(wanted: dict) -> None:
                 del _applied[target]
                 continue
         elif current != _DEFAULTS.get(target):
-            _once(f"engine: {wanted[target][0]} is ignored: engine.config.{target} = {current!r} was set "
-                  "and wins.", level=logging.INFO)
+            if target not in _said:   # said once per knob (and formatted only when a sink wants it)
+                _said.add(target)
+                observe.log("dynamo", logging.INFO, "engine: %s is ignored: engine.config.%s = %r was set and wins.",
+                            wanted[target][0], target, current)
             continue
         torch_name, value = wanted[target]
         value = set(value) if isinstance(value, set) else value
@@ -159,13 +161,7 @@ def reset() -> None:
     _said.clear()
 
 
-_said: set = set()
-
-
-def _once(msg: str, level: int = logging.WARNING) -> None:
-    if msg not in _said:
-        _said.add(msg)
-        observe.log("dynamo", level, "%s", msg)
+_said: set = set()      # engine knobs whose torch spelling was said to be ignored
 
 
 def _warn(msg: str) -> None:

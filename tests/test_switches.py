@@ -32,7 +32,7 @@ def default_switches(monkeypatch):
     torch_config.reset()
     yield
     engine.set_stance("default")
-    observe_logs.set_logs()
+    torch._logging.set_logs()          # ours and torch's loggers off
     torch_config.sync()
     torch_config.reset()
 
