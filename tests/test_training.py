@@ -2,11 +2,14 @@
 checkpointing and optimizer steps, compiled by the engine on every backend and compared
 with eager (results and gradients), with graph counts beside torch.compile's."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
 
 import engine
+from engine_helpers import events, fresh_engine  # noqa: F401 (fresh_engine: autouse)
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
@@ -55,10 +58,19 @@ def _grads(out, inputs, params):
     return [g if g is not None else torch.zeros(()) for g in torch.autograd.grad(loss, leaves, allow_unused=True)]
 
 
-def torch_explain(fn, *args):
+def torch_graphs(fn, *args):
+    """The graphs torch.compile makes of fn (their op counts), for comparison."""
     import torch._dynamo
     torch._dynamo.reset()
-    return torch._dynamo.explain(fn)(*args)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes))
+        return gm.forward
+
+    torch.compile(fn, backend=count)(*args)
+    torch._dynamo.reset()
+    return graphs
 
 
 # bf16 rounding differs where eager sums two gradient contributions in bf16 (one cached
@@ -82,8 +94,7 @@ def autocast_block(x):
 def test_autocast_regions_trace_into_one_graph_with_eagers_dtypes(backend):
     r = run_both(autocast_block, lambda: [torch.randn(4, 8, requires_grad=True)], [lin.weight], backend, BF16)
     assert (r.graph_count, r.graph_break_count) == (1, 0)
-    t = torch_explain(autocast_block, torch.randn(4, 8))
-    assert r.graph_count <= t.graph_count
+    assert r.graph_count <= len(torch_graphs(autocast_block, torch.randn(4, 8)))
 
 
 def autocast_with_a_break(x):
@@ -231,8 +242,7 @@ def uses_functions(x):
 def test_autograd_functions_are_one_graph_with_the_users_backward(backend):
     r = run_both(uses_functions, lambda: [torch.randn(4, 8, requires_grad=True)], [w_param], backend)
     assert (r.graph_count, r.graph_break_count) == (1, 0)
-    t = torch_explain(uses_functions, torch.randn(4, 8, requires_grad=True))
-    assert r.graph_count <= t.graph_count
+    assert r.graph_count <= len(torch_graphs(uses_functions, torch.randn(4, 8, requires_grad=True)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -353,3 +363,74 @@ def test_the_reentrant_form_breaks_and_says_how_to_compile_it():
     torch.testing.assert_close(got, reentrant(x))
     got.sum().backward()   # the reentrant form supports .backward() only (not autograd.grad)
     assert x.grad is not None
+
+
+# ---------------------------------------------------------------------- optimizer steps
+
+
+OPTIMIZERS = [
+    ("SGD", dict(lr=0.1)), ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ("SGD", dict(lr=0.1, momentum=0.9, foreach=True)), ("Adam", dict(lr=1e-2)),
+    ("Adam", dict(lr=1e-2, amsgrad=True)), ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+    ("AdamW", dict(lr=1e-2, foreach=True)), ("RMSprop", dict(lr=1e-2)),
+    ("RMSprop", dict(lr=1e-2, momentum=0.5, centered=True, foreach=True)), ("Adagrad", dict(lr=1e-2)),
+    ("Adagrad", dict(lr=1e-2, foreach=True)),
+]
+
+
+def training_step(model, opt, x):
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", OPTIMIZERS, ids=[f"{k}-{'-'.join(o)}" for k, o in OPTIMIZERS])
+def test_optimizer_steps_compile_and_match_eager_step_by_step(kind, options, backend):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    twin = copy.deepcopy(model)
+    opt = getattr(torch.optim, kind)(model.parameters(), **options)
+    twin_opt = getattr(torch.optim, kind)(twin.parameters(), **options)
+    engine.reset()
+    compiled = engine.compile(training_step, backend=backend)
+    for _ in range(3):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(compiled(twin, twin_opt, x), training_step(model, opt, x))
+        for a, b in zip(twin.parameters(), model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for sa, sb in zip(twin_opt.state.values(), opt.state.values()):
+        for k in sb:
+            torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_step_is_two_graphs_the_step_one_of_them_and_later_steps_reuse_them(events):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    engine.reset()
+    r = engine.explain(training_step)(model, opt, torch.randn(4, 8))
+    t_model = copy.deepcopy(model)
+    t_opt = torch.optim.AdamW(t_model.parameters(), lr=1e-2)
+    assert r.graph_count == len(torch_graphs(training_step, t_model, t_opt, torch.randn(4, 8))) == 2
+    step_graph = r.graphs[1]
+    assert sum(n.op == "call_function" for n in step_graph.graph.nodes) > 20   # the whole AdamW update
+    engine.reset()
+    compiled = engine.compile(training_step, backend="aot_eager")
+    compiled(model, opt, torch.randn(4, 8))
+    compiles = sum(e.name == "compilation_metrics" for e in events)
+    for _ in range(3):
+        compiled(model, opt, torch.randn(4, 8))
+    assert sum(e.name == "compilation_metrics" for e in events) == compiles   # no recompile
+
+
+def test_the_first_compiled_step_creates_the_state_eager_would():
+    model = nn.Linear(4, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    engine.reset()
+    model(torch.randn(2, 4)).sum().backward()
+    engine.compile(lambda: opt.step(), backend="aot_eager")()
+    assert set(opt.state[model.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(opt.state[model.weight]["step"]) == 1.0

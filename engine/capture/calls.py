@@ -23,7 +23,7 @@ import observe
 from .. import config, markers
 from . import autocast as autocastmod
 from . import autograd_function, checkpoint
-from . import numpy_ops, runtime, skipfiles
+from . import numpy_ops, optimizers, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
@@ -89,6 +89,8 @@ def call_python_function(tx, fn, args, kwargs, source):
     special = SPECIAL_FUNCTIONS.get(fn)
     if special is not None:
         return special(tx, args, kwargs)
+    if args and isinstance(args[0], ObjectVariable) and optimizers.is_init_group(fn, args[0].value):
+        optimizers.prepare_init_group(tx, fn, args)  # creates the state on the first step; traced below
     if fn in _MODULE_CALLS and args and isinstance(args[0], ObjectVariable) and \
             isinstance(args[0].value, torch.nn.Module):
         return call_module_hooks_checked(tx, args[0], args[1:], kwargs)

@@ -28,7 +28,7 @@ import observe
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
-from . import numpy_ops, scalars
+from . import numpy_ops, optimizers, scalars
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
@@ -1219,6 +1219,10 @@ class Frame:
                 return self.inline_function(meth, [obj, idx], {}, None)
             if obj.dict_vt is not None:
                 return self.getitem(obj.dict_vt, idx)
+            if isinstance(idx, TensorVariable):
+                item = optimizers.keyed_item(self, obj, idx)  # opt.state[p]
+                if item is not None:
+                    return item
         raise GraphBreak("GB0011", f"subscript of {type(obj).__name__}")
 
     def setitem(self, obj, idx, value):
@@ -1635,6 +1639,9 @@ class Frame:
             return self.getitem(t, args[0])
         if not convertible(args, kwargs):
             raise GraphBreak("GB0011", f"Tensor.{name} with unsupported arguments")
+        scaled = optimizers.scaled_by_tensor(self, name, [t] + list(args), kwargs)
+        if scaled is not None:
+            return scaled
         return self.tensor_call("call_method", name, [t] + list(args), kwargs)
 
     # ------------------------------------------------------------------ calls

@@ -286,6 +286,13 @@ class GradModeExit:
         return f"GradModeExit(prev={self.prev})"
 
 
+def exit_blocks(exits: tuple) -> None:
+    """An exception from a break inside grad-mode / autocast with blocks leaves them all,
+    innermost first (the generated code's `except` clause)."""
+    for exit_ in reversed(exits):
+        exit_(None, None, None)
+
+
 _TRAMPOLINES: dict = {}
 
 

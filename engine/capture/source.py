@@ -59,6 +59,17 @@ class GetItemSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
+class KeyedItemSource(Source):
+    """A dict's value whose key is an object the frame reaches by its own source (an
+    optimizer's `state[param]`)."""
+    base: Source
+    key: Source
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.key.name()}]"
+
+
+@dataclasses.dataclass(frozen=True)
 class DictValueSource(Source):
     """The value at a position of a dict whose key has no literal form (a class): with the
     DICT_KEYS guard on the dict, the position names the same key."""

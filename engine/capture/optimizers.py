@@ -1,0 +1,77 @@
+"""Optimizer steps: what the capture needs to trace `opt.step()`'s inner step as one graph.
+
+- `opt.state[p]` (a defaultdict keyed by parameters) is read with a source that indexes by
+  the parameter's own source, so its tensors become graph inputs, guarded like any other.
+- `opt._init_group(...)` creates the state lazily on the first step. Before it is traced,
+  it runs once for real (as under torch.compile), so the trace only reads existing state:
+  the first compiled step creates the state exactly as eager's would, later steps guard on it.
+  On CUDA a new optimizer's groups become `capturable` first, as torch.compile makes them.
+- `Tensor.addcdiv_/addcmul_(t1, t2, value=<0-d tensor>)`: with the step count a tensor
+  (torch's optimizers keep it on-device when compiled), `value` is a tensor; the op takes a
+  number only, so the trace computes `self + value * (t1 / t2)` with tensor ops instead."""
+
+from __future__ import annotations
+
+import torch
+
+from .graph_breaks import GraphBreak
+from .source import KeyedItemSource
+
+
+def is_init_group(fn, obj) -> bool:
+    from .skipfiles import OPTIM_DIR
+    return getattr(fn, "__name__", "") == "_init_group" and isinstance(obj, torch.optim.Optimizer) and \
+        fn.__code__.co_filename.startswith(OPTIM_DIR)
+
+
+def prepare_init_group(tx, fn, args) -> None:
+    """Run `opt._init_group(group, [], [], ...)` for real: it creates missing state."""
+    opt = args[0].value
+    group = _real(tx, opt.param_groups, args[1])
+    if group is None:
+        raise GraphBreak("GB0011", f"{type(opt).__name__}._init_group on a param group the capture cannot find")
+    params = group.get("params", [])
+    if "capturable" in group and not group["capturable"] and not group.get("fused") and params and \
+            all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params):
+        # as torch.compile does: a CUDA step keeps its step count on the device (otherwise
+        # torch's optimizers leave the compiled path for an eager one on CUDA)
+        group["capturable"] = True
+    real_args = [[] for _ in args[2:]]
+    with torch.no_grad():
+        fn(opt, group, *real_args)
+
+
+def _real(tx, candidates, vt):
+    for c in candidates:
+        if tx.out.memo.get(id(c)) is vt:
+            return c
+    return None
+
+
+def keyed_item(tx, obj, key_vt):
+    """`d[key]` for a real dict keyed by an object the frame has a source for (opt.state[p]);
+    None when that does not apply."""
+    d = obj.value
+    if not isinstance(d, dict) or obj.source is None or getattr(key_vt, "source", None) is None:
+        return None
+    for k in d:
+        if not isinstance(k, (int, str)) and tx.out.memo.get(id(k)) is key_vt:
+            return tx.out.builder.wrap(d[k], KeyedItemSource(obj.source, key_vt.source))
+    return None
+
+
+_SCALED = {"addcdiv_": (torch.div, "add_"), "addcmul_": (torch.mul, "add_"),
+           "addcdiv": (torch.div, "add"), "addcmul": (torch.mul, "add")}
+
+
+def scaled_by_tensor(tx, name: str, args, kwargs):
+    """self.addcdiv_(t1, t2, value=v) with a tensor v; None when v is not a tensor."""
+    from .variables import TensorVariable
+    value = kwargs.get("value")
+    if name not in _SCALED or not isinstance(value, TensorVariable) or len(args) != 3 or set(kwargs) != {"value"}:
+        return None
+    combine, add = _SCALED[name]
+    self_, t1, t2 = args
+    term = tx.tensor_call("call_function", combine, [t1, t2], {})
+    term = tx.tensor_call("call_function", torch.mul, [term, value], {})
+    return tx.tensor_call("call_method", add, [self_, term], {})
