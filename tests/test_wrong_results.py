@@ -247,3 +247,21 @@ def test_expanded_input_written_at_one_index(backend):
         return z * 1
 
     run(f, lambda: (torch.tensor([2.0]).expand(6),), backend)
+
+
+# -- a gradient only from outputs the loss does not use is None, as in eager (not zeros) ---------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_reached_only_through_an_unused_output_gets_no_grad(backend):
+    def f(x, y):
+        return x.cos() + 1, (y * 2).sum(), x * y
+
+    def grads(fn):
+        torch.manual_seed(0)
+        x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        fn(x, y)[0].sum().backward()          # only the first output is in the loss
+        return x.grad, y.grad
+
+    (ex, ey), (gx, gy) = grads(f), grads(engine.compile(f, backend=backend))
+    torch.testing.assert_close(gx, ex)
+    assert ey is None and gy is None

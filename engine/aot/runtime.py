@@ -5,7 +5,7 @@ writes mutated inputs back and rebuilds outputs that are inputs or views of inpu
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._pytree as pytree
@@ -96,7 +96,8 @@ class InferenceEntry:
 
 class TrainingEntry:
     def __init__(self, compiled_fw: Callable, compiled_bw: Callable, meta: GraphMeta,
-                 forward_output_vals: list, grad_inputs: list[int], num_primals: int):
+                 forward_output_vals: list, grad_inputs: list[int], num_primals: int,
+                 grad_tangents: Optional[list] = None):
         mask = meta.tangent_mask()
         num_forward_outputs = len(forward_output_vals)
         tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
@@ -105,6 +106,7 @@ class TrainingEntry:
         class CompiledFunction(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *args):
+                ctx.set_materialize_grads(False)   # which outputs got no gradient: see _backward
                 outs = compiled_fw(*args)
                 fw_outs, saved = outs[:num_forward_outputs], outs[num_forward_outputs:]
                 is_tensor = [isinstance(s, torch.Tensor) for s in saved]
@@ -140,7 +142,13 @@ class TrainingEntry:
                 tangents.append(g.contiguous())
             gs = compiled_bw(*saved, *tangents)
             result = [None] * num_primals
-            for i, g in zip(grad_inputs, gs):
+            # A gradient computed only from outputs that got none (the loss does not use them)
+            # is None, as in eager, not zeros.
+            missing = [grads[k] is None for k, m in enumerate(mask) if m]
+            for n, (i, g) in enumerate(zip(grad_inputs, gs)):
+                deps = grad_tangents[n] if grad_tangents is not None else ()
+                if deps and all(missing[j] for j in deps):
+                    g = None
                 result[i] = g
             return tuple(result)
 
