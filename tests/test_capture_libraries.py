@@ -5,6 +5,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import engine
+from engine_helpers import events, fresh_engine  # noqa: F401 (fresh_engine: autouse)
 from engine.capture import skipfiles
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -289,6 +291,29 @@ def test_logging_and_warnings_are_replayed_after_the_graph_without_a_break(caplo
     with caplog.at_level(logging.WARNING, logger="tests.mylib"), pytest.warns(UserWarning, match="x is large"):
         torch.testing.assert_close(engine.compile(fn, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))
     assert "scaling by 2" in caplog.text
+
+
+class OnceLogger(logging.Logger):
+    """transformers' `logger.warning_once`: an lru_cache'd function set on the class, so each
+    `logger.warning_once` read makes a new bound method."""
+
+    @functools.lru_cache(None)
+    def warning_once(self, msg):
+        self.warning(msg)
+
+
+once_logger = OnceLogger("tests.once")
+
+
+def test_a_bound_method_read_from_a_global_is_not_a_recompile_on_every_call(events):
+    def fn(x):
+        once_logger.warning_once("said once")
+        return x * 2
+
+    compiled = engine.compile(fn, backend="eager")
+    for _ in range(3):
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 2.0))
+    assert sum(e.name == "compilation_metrics" for e in events) == 1
 
 
 def test_a_module_with_hooks_still_compiles_its_forward():

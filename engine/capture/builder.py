@@ -155,6 +155,14 @@ class Builder:
             out.remember(value, vt)
             out.register_module_tree(value, source)
             return vt
+        if type(value) is types.MethodType:
+            # a bound method is a new object on every attribute read (logger.warning_once): guard
+            # what it binds, not its identity
+            out.add_guard("ID_MATCH", AttrSource(source, "__func__"), value.__func__)
+            out.add_guard("ID_MATCH", AttrSource(source, "__self__"), value.__self__)
+            vt = ObjectVariable(value, source)
+            out.remember(value, vt)
+            return vt
         if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
                               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
                               types.MethodDescriptorType, types.ClassMethodDescriptorType)) or \
