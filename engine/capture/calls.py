@@ -22,7 +22,7 @@ import observe
 
 from .. import config, markers
 from . import autocast as autocastmod
-from . import autograd_function, checkpoint
+from . import autograd_function, checkpoint, higher_order
 from . import numpy_ops, optimizers, runtime, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
@@ -1115,3 +1115,4 @@ for _k, _v in _state_queries().items():
     SPECIAL_FUNCTIONS[_k] = _v
 SPECIAL_FUNCTIONS[autograd_function.APPLY] = autograd_function.call_apply
 SPECIAL_FUNCTIONS[torch.utils.checkpoint.checkpoint] = checkpoint.call_checkpoint
+SPECIAL_FUNCTIONS.update(higher_order.special_functions())  # torch.cond, torch.func.*

@@ -28,7 +28,7 @@ import observe
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
-from . import numpy_ops, optimizers, scalars
+from . import higher_order, numpy_ops, optimizers, scalars
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
@@ -1670,6 +1670,8 @@ class Frame:
                 self.out.exit_autocast(ctx.block, ctx.prev, ctx.entered_in_graph)
                 return ConstantVariable(None)
             raise GraphBreak("GB0011", "__exit__ of an unknown context manager")
+        if higher_order.is_call_variable(fn):  # torch.func.grad(f)(x), vjp_fn(ct)
+            return fn.call(self, args, kwargs)
         if isinstance(fn, ObjectVariable):
             return self.call_object(fn, args, kwargs)
         if isinstance(fn, TensorVariable):
