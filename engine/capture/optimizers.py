@@ -5,7 +5,8 @@
 - `opt._init_group(...)` creates the state lazily on the first step. Before it is traced,
   it runs once for real (as under torch.compile), so the trace only reads existing state:
   the first compiled step creates the state exactly as eager's would, later steps guard on it.
-  On CUDA a new optimizer's groups become `capturable` first, as torch.compile makes them.
+  On CUDA a new optimizer's groups become `capturable` first (make_capturable), as
+  torch.compile makes them.
 - `Tensor.addcdiv_/addcmul_(t1, t2, value=<0-d tensor>)`: with the step count a tensor
   (torch's optimizers keep it on-device when compiled), `value` is a tensor; the op takes a
   number only, so the trace computes `self + value * (t1 / t2)` with tensor ops instead."""
@@ -30,15 +31,20 @@ def prepare_init_group(tx, fn, args) -> None:
     group = _real(tx, opt.param_groups, args[1])
     if group is None:
         raise GraphBreak("GB0011", f"{type(opt).__name__}._init_group on a param group the capture cannot find")
-    params = group.get("params", [])
-    if "capturable" in group and not group["capturable"] and not group.get("fused") and params and \
-            all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params):
-        # as torch.compile does: a CUDA step keeps its step count on the device (otherwise
-        # torch's optimizers leave the compiled path for an eager one on CUDA)
-        group["capturable"] = True
     real_args = [[] for _ in args[2:]]
     with torch.no_grad():
         fn(opt, group, *real_args)
+
+
+def make_capturable(opt) -> None:
+    """As torch.compile does before it traces a CUDA step: a new optimizer's groups keep their
+    step counts on the device (`capturable`), or torch's optimizers leave the compiled path
+    for an eager one on CUDA. Done before the trace reads the groups."""
+    for group in opt.param_groups:
+        params = group.get("params", [])
+        if "capturable" in group and not group["capturable"] and not group.get("fused") and params and \
+                all(p.is_cuda for p in params) and not any(opt.state.get(p) for p in params):
+            group["capturable"] = True
 
 
 def _real(tx, candidates, vt):

@@ -387,6 +387,8 @@ def optimizer_step_target(method, args, kwargs):
 def optimizer_step(opt, inner, options: CompileOptions):
     """What `opt.step()` does (profile_hook_step + _use_grad_for_differentiable), with the
     inner step compiled."""
+    from .optimizers import make_capturable
+    make_capturable(opt)
     with torch.autograd.profiler.record_function(f"Optimizer.step#{opt.__class__.__name__}.step"):
         prev = torch.is_grad_enabled()
         try:
