@@ -434,3 +434,47 @@ def test_the_first_compiled_step_creates_the_state_eager_would():
     engine.compile(lambda: opt.step(), backend="aot_eager")()
     assert set(opt.state[model.weight]) == {"step", "exp_avg", "exp_avg_sq"}
     assert float(opt.state[model.weight]["step"]) == 1.0
+
+
+def test_an_lr_scheduler_changing_a_tensor_lr_does_not_recompile(events):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    twin = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.01))
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=torch.tensor(0.01))
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (opt, twin_opt)]
+    compiled = engine.compile(training_step, backend="aot_eager")
+    compiles = None
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(compiled(twin, twin_opt, x), training_step(model, opt, x))
+        compiles = compiles or sum(e.name == "compilation_metrics" for e in events)
+        for s in scheds:
+            s.step()
+    assert float(twin_opt.param_groups[0]["lr"]) == pytest.approx(0.01 / 16)
+    assert sum(e.name == "compilation_metrics" for e in events) == compiles
+
+
+def test_a_grad_scaler_steps_around_a_compiled_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    twin = copy.deepcopy(model)
+    compiled = engine.compile(twin, backend="aot_eager")
+    runs = []
+    for m, net in ((model, model), (twin, compiled)):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        torch.manual_seed(1)
+        losses = []
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = net(torch.randn(4, 8)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            losses.append(loss.detach())
+        runs.append(losses)
+    torch.testing.assert_close(runs[1], runs[0], **BF16)
+    for a, b in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, **BF16)

@@ -97,6 +97,9 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn.__qualname__ == "is_compiling" and _is_torch(fn):
         return ConstantVariable(True)  # torch's older is_compiling spellings, which libraries still call
     if _is_torch(fn) and not _inlinable_torch(fn):
+        if runtime.is_optimizer_step_wrapper(fn):
+            raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__} (its inner step compiles as a graph "
+                                       "of its own: engine/capture/runtime.optimizer_step)")
         raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
     mod = _module_of(fn).split(".")[0]
     if mod in PURE_MODULES and all(tx.is_python_constant(a) for a in args) and \
