@@ -478,3 +478,31 @@ def test_a_grad_scaler_steps_around_a_compiled_model():
     torch.testing.assert_close(runs[1], runs[0], **BF16)
     for a, b in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(a, b, **BF16)
+
+
+# ---------------------------------------------------------------------- a real model's whole step
+
+@pytest.mark.parametrize("name", ["GPT2LMHeadModel", "LlamaForCausalLM"])
+def test_a_zoo_models_whole_training_step_with_autocast_and_adamw_compiles_whole(name):
+    pytest.importorskip("transformers")
+    from tests.zoo import models
+    from tests.bench.bench_train_step import make_step
+    entry = models.ZOO[name]
+    base, inputs = models.build(name, "train")
+    step = make_step(entry, "cpu", torch.bfloat16)
+    runs = []
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        engine.reset()
+        fn = engine.compile(step, backend="aot_eager") if compiled else step
+        losses = [fn(model, opt, inputs).detach() for _ in range(2)]
+        runs.append((losses, model))
+    (eager_losses, eager_model), (losses, model) = runs
+    torch.testing.assert_close(losses, eager_losses, **BF16)
+    for a, b in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(a, b, **BF16)
+    engine.reset()
+    model = copy.deepcopy(base)
+    r = engine.explain(step)(model, torch.optim.AdamW(model.parameters(), lr=1e-3), inputs)
+    assert (r.graph_count, r.graph_break_count) == (2, 1)   # forward+loss, the AdamW step; backward between
