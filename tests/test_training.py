@@ -374,7 +374,8 @@ OPTIMIZERS = [
     ("Adam", dict(lr=1e-2, amsgrad=True)), ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
     ("AdamW", dict(lr=1e-2, foreach=True)), ("RMSprop", dict(lr=1e-2)),
     ("RMSprop", dict(lr=1e-2, momentum=0.5, centered=True, foreach=True)), ("Adagrad", dict(lr=1e-2)),
-    ("Adagrad", dict(lr=1e-2, foreach=True)),
+    ("Adagrad", dict(lr=1e-2, foreach=True)), ("Adam", dict(lr=1e-2, foreach=True, amsgrad=True)),
+    ("Adamax", dict(lr=1e-2)), ("NAdam", dict(lr=1e-2)), ("Adadelta", dict(lr=1e-2)),
 ]
 
 
@@ -404,6 +405,11 @@ def test_optimizer_steps_compile_and_match_eager_step_by_step(kind, options, bac
     for sa, sb in zip(twin_opt.state.values(), opt.state.values()):
         for k in sb:
             torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
+    # the inner step is one graph: the only break is the opt.step() call itself
+    engine.reset()
+    twin(torch.randn(4, 8)).sum().backward()
+    r = engine.explain(lambda: twin_opt.step())()
+    assert r.graph_count == 1 and len(r.break_reasons) == 1, [str(b.reason) for b in r.break_reasons]
 
 
 def test_a_training_step_is_two_graphs_the_step_one_of_them_and_later_steps_reuse_them(events):

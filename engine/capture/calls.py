@@ -258,6 +258,9 @@ def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closu
 def call_torch_op(tx, fn, args, kwargs):
     if not convertible(args, kwargs):
         raise GraphBreak("GB0011", f"{getattr(fn, '__name__', fn)} called with unsupported argument types")
+    scaled = optimizers.foreach_scaled_by_tensor(tx, fn, args, kwargs)
+    if scaled is not None:
+        return scaled
     return tx.tensor_call("call_function", fn, args, kwargs)
 
 

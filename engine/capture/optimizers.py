@@ -7,9 +7,11 @@
   the first compiled step creates the state exactly as eager's would, later steps guard on it.
   On CUDA a new optimizer's groups become `capturable` first (make_capturable), as
   torch.compile makes them.
-- `Tensor.addcdiv_/addcmul_(t1, t2, value=<0-d tensor>)`: with the step count a tensor
-  (torch's optimizers keep it on-device when compiled), `value` is a tensor; the op takes a
-  number only, so the trace computes `self + value * (t1 / t2)` with tensor ops instead."""
+- `Tensor.addcdiv_/addcmul_(t1, t2, value=<0-d tensor>)` (and `add_(x, alpha=<tensor>)`,
+  `torch._foreach_addcdiv_(..., scalars=<tensor>)`): with the step count a tensor (torch's
+  optimizers keep it so when compiled), the scale is a tensor; the op takes numbers only
+  (or, for foreach, CPU scalars its fake kernel cannot see), so the trace computes
+  `self + value * (t1 / t2)` with tensor ops instead."""
 
 from __future__ import annotations
 
@@ -68,11 +70,17 @@ def keyed_item(tx, obj, key_vt):
 
 _SCALED = {"addcdiv_": (torch.div, "add_"), "addcmul_": (torch.mul, "add_"),
            "addcdiv": (torch.div, "add"), "addcmul": (torch.mul, "add")}
+_ADDED = {"add_": "add_", "add": "add", "sub_": "sub_", "sub": "sub"}
 
 
 def scaled_by_tensor(tx, name: str, args, kwargs):
-    """self.addcdiv_(t1, t2, value=v) with a tensor v; None when v is not a tensor."""
+    """self.addcdiv_(t1, t2, value=v) / self.add_(other, alpha=v) with a tensor v (ASGD);
+    None when v is not a tensor."""
     from .variables import TensorVariable
+    if name in _ADDED and isinstance(kwargs.get("alpha"), TensorVariable) and len(args) == 2 and \
+            set(kwargs) == {"alpha"}:
+        term = tx.tensor_call("call_function", torch.mul, [args[1], kwargs["alpha"]], {})
+        return tx.tensor_call("call_method", _ADDED[name], [args[0], term], {})
     value = kwargs.get("value")
     if name not in _SCALED or not isinstance(value, TensorVariable) or len(args) != 3 or set(kwargs) != {"value"}:
         return None
@@ -81,3 +89,26 @@ def scaled_by_tensor(tx, name: str, args, kwargs):
     term = tx.tensor_call("call_function", combine, [t1, t2], {})
     term = tx.tensor_call("call_function", torch.mul, [term, value], {})
     return tx.tensor_call("call_method", add, [self_, term], {})
+
+
+_FOREACH_SCALED = {torch._foreach_addcdiv_: (torch._foreach_div, torch._foreach_add_),
+                   torch._foreach_addcmul_: (torch._foreach_mul, torch._foreach_add_),
+                   torch._foreach_addcdiv: (torch._foreach_div, torch._foreach_add),
+                   torch._foreach_addcmul: (torch._foreach_mul, torch._foreach_add)}
+
+
+def foreach_scaled_by_tensor(tx, fn, args, kwargs):
+    """torch._foreach_addcdiv_(self, t1, t2, scalars) with `scalars` a 1-D tensor (Adam's
+    foreach step stacks its step sizes into one when compiled): the op's fake kernel wants
+    those on the CPU, so the trace computes self + (t1 / t2) * scalars[i] with tensor ops."""
+    from .variables import ListVariable, TensorVariable
+    pair = _FOREACH_SCALED.get(fn) if isinstance(fn, type(torch._foreach_add_)) else None
+    scalars = args[3] if len(args) == 4 else kwargs.get("scalars")
+    if pair is None or not isinstance(scalars, TensorVariable) or len(args) + len(kwargs) != 4:
+        return None
+    combine, add = pair
+    self_, t1, t2 = args[:3]
+    terms = tx.tensor_call("call_function", combine, [t1, t2], {})
+    parts = tx.tensor_call("call_function", torch.unbind, [scalars], {})
+    terms = tx.tensor_call("call_function", torch._foreach_mul, [terms, ListVariable(list(parts.items))], {})
+    return tx.tensor_call("call_function", add, [self_, terms], {})
