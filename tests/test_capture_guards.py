@@ -68,7 +68,8 @@ def test_failing_guards_are_explained_in_words():
     L = {"x": torch.randn(4, 3), "alpha": 2.0, "xs": [1]}
     assert not compiled.check(L, {})
     assert compiled.failures(L, {}) == ["tensor 'L['x']' size mismatch at index 0. expected 3, actual 4",
-                                        "L['alpha'] == 0.5", "len(L['xs']) == 2"]
+                                        "L['alpha'] == 0.5: expected 0.5, got 2.0",
+                                        "len(L['xs']) == 2: expected length 2, got length 1"]
     assert "def ___check_guards(L, G)" in compiled.code  # one generated function
 
 

@@ -25,7 +25,8 @@ def test_a_size_change_is_explained_with_the_failing_guard():
     assert lines == [
         f"Recompiling function fn in {__file__}:{fn.__code__.co_firstlineno}\n"
         "    triggered by the following guard failure(s):\n"
-        "    - 0/0: tensor 'L['x']' size mismatch at index 0. expected 3, actual 4"]
+        "    - 0/0: tensor 'L['x']' size mismatch at index 0. expected 3, actual 4"
+        "  # return x * 2 + 1  # test_guards_recompiles.py:17 in fn"]
 
 
 def scale(x, c):
@@ -41,8 +42,44 @@ def test_a_new_float_constant_recompiles_and_the_log_says_which():
         f(x, torch.tensor(2.5))       # a tensor is not specialized on its value
         f(x, torch.tensor(3.5))
     assert len(lines) == 2
-    assert "- 0/0: L['c'] == 0.5" in lines[0]
+    line = scale.__code__.co_firstlineno + 1
+    assert f"- 0/0: L['c'] == 0.5: expected 0.5, got 1.5  # return x * c  # test_guards_recompiles.py:{line} in scale" \
+        in lines[0]
     assert len(entries(scale)) == 3
+
+
+def blend(x, y, c):
+    out = x * c            # the float guard is made here
+    return out + y         # the shape relation between x and y is made here
+
+
+def test_every_failing_guard_of_every_entry_says_expected_got_and_where():
+    f = engine.compile(blend, backend="eager", dynamic=True)
+    f(torch.randn(4), torch.randn(4), 2.5)
+    with logs("recompiles") as lines:
+        f(torch.randn(6), torch.randn(1), 3.0)      # y broadcasts now, and c changed
+    line = blend.__code__.co_firstlineno
+    assert lines[0].splitlines()[2:] == [
+        "    - 0/0: L['c'] == 2.5: expected 2.5, got 3.0"
+        f"  # out = x * c            # the float guard is made here  # test_guards_recompiles.py:{line + 1} in blend",
+        "    - 0/0: L['y'].size()[0] == L['x'].size()[0]: expected true, got false (1 == 6)"
+        "  # return out + y         # the shape relation between x and y is made here"
+        f"  # test_guards_recompiles.py:{line + 2} in blend"]
+    with logs("recompiles") as lines:
+        f(torch.randn(1), torch.randn(1), 3.0)      # a size of 1 was specialized
+    text = lines[0]
+    assert ("- 0/1: tensor 'L['y']' size mismatch at index 0. expected 1, actual 1" not in text)
+    assert "- 0/1: 2 <= L['x'].size()[0]: expected true, got false (2 <= 1)" in text
+    assert "- 0/0: L['c'] == 2.5: expected 2.5, got 3.0" in text
+
+
+def test_a_changed_argument_type_names_both_types():
+    f = engine.compile(scale, backend="eager")
+    x = torch.randn(3)
+    f(x, 2.0)
+    with logs("recompiles") as lines:
+        f(x, 2)
+    assert "L['c'] == 2.0: expected 2.0 (float), got 2 (int)" in lines[0]
 
 
 def test_recompiles_verbose_lists_every_failure_of_every_entry():

@@ -129,7 +129,7 @@ def test_shape_guards_compile_into_the_fast_check_and_explain_failures():
     assert not compiled.check({"x": torch.randn(9), "y": torch.randn(8)}, {})
     assert not compiled.check({"x": torch.randn(1), "y": torch.randn(1)}, {})
     assert compiled.failures({"x": torch.randn(9), "y": torch.randn(8)}, {}) == [
-        "L['y'].size()[0] == L['x'].size()[0]"]
+        "L['y'].size()[0] == L['x'].size()[0]: expected true, got false (8 == 9)  # z = torch.cat([x, y])  # script.py:5 in fn"]
 
 
 def test_symbolic_strides_are_guarded_against_the_sizes():

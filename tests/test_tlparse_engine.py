@@ -27,10 +27,16 @@ PROGRAM = textwrap.dedent('''
     def g(x, c):
         return x * c
 
+    @engine.compile(backend="eager", dynamic=True)
+    def h(x, y):
+        return x + y
+
     x = torch.randn(4)
     f(x)
     for i in range(3):
         g(x, 0.5 + i)
+    h(torch.randn(4), torch.randn(4))
+    h(torch.randn(6), torch.randn(1))
 ''')
 
 
@@ -72,6 +78,13 @@ def test_recompiles_name_the_failing_guard(engine_report):
     recompiles = (out / "index.html").read_text().split('id="recompiles"')[1].split('id="failures"')[0]
     assert "g <span class=muted>" in recompiles and "3 compiles" in recompiles
     assert "L[&#x27;c&#x27;] == 0.5" in recompiles
+    # each row: the guard, what it expected, what it saw, and the user line that made it
+    assert ("<td><code>L[&#x27;c&#x27;] == 0.5</code> <span class=\"muted\">(entry 2/0)</span></td>"
+            "<td>0.5</td><td>1.5</td><td>prog.py:13 in g<br><code>return x * c</code></td>") in recompiles
+    # a shape guard (duck sizing tied y to x) has its user line too
+    assert ("<td><code>L[&#x27;y&#x27;].size()[0] == L[&#x27;x&#x27;].size()[0]</code> <span class=\"muted\">"
+            "(entry 3/0)</span></td><td>true</td><td>false (1 == 6)</td><td>prog.py:17 in h<br>"
+            "<code>return x + y</code></td>") in recompiles
 
 
 def test_engine_report_pages_link(engine_report):

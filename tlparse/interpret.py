@@ -16,6 +16,8 @@ _AT = re.compile(r"Graph break in user code at (?P<file>.+):(?P<line>\d+)\s*$", 
 _FILE_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
 _RESUME = re.compile(r"resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
 _EXPECTED = re.compile(r"expected (?P<expected>[^,]+?),\s*actual (?P<actual>\S+?)\.?$", re.M)
+# ours: `L['c'] == 2.5: expected 2.5, got 3.0` (the guard, then what it expected and what it saw)
+_EXPECTED_GOT = re.compile(r"^(?P<guard>.+?):\s+expected (?P<expected>.+?), got (?P<actual>.+?)$")
 _GUARD_COMPARE = re.compile(r"^(?P<lhs>.+?)\s*(?P<op>==|!=|is not|is|<=|>=|<|>)\s*(?P<rhs>[^#]+?)\s*$")
 _LITERAL = re.compile(r"^(-?\d[\d._e+-]*|True|False|None|'[^']*'|\"[^\"]*\")$")
 _WHERE = re.compile(r"\S+:\d+ in \S+$")
@@ -206,7 +208,10 @@ def _reason_from_text(text: str) -> RecompileReason:
     guard = guard.strip()
     r = RecompileReason(entry=entry, guard=guard)
     e = _EXPECTED.search(guard)
-    if e:
+    g = _EXPECTED_GOT.match(guard)
+    if g:
+        r.guard, r.expected, r.actual = g.group("guard").strip(), g.group("expected"), g.group("actual")
+    elif e:
         r.expected, r.actual = e.group("expected").strip(), e.group("actual").strip()
     else:
         c = _GUARD_COMPARE.match(guard)

@@ -27,6 +27,7 @@ from .codegen import CodeGen
 from .graph_breaks import GraphBreak
 from .interpreter import BreakPoint, Frame, StopAtBreak, TopLevelBreak
 from .output_graph import OutputGraph
+from .pyversion import call_ex_callable_index, null_slot_of_method_load, split_call
 from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, run_function, trampoline_for
 from .source import GlobalSource, LocalSource
 from . import numpy_ops, runtime, scalars
@@ -34,7 +35,7 @@ from .variables import CellVariable, ConstantVariable, NullVariable, TensorVaria
 
 _compiled_fn_counter = [0]
 
-_CALL_OPS = {"CALL", "CALL_FUNCTION_EX"}
+_CALL_OPS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _JUMP_OPS = {"POP_JUMP_IF_FALSE": False, "POP_JUMP_IF_TRUE": True, "POP_JUMP_FORWARD_IF_FALSE": False,
              "POP_JUMP_FORWARD_IF_TRUE": True, "POP_JUMP_BACKWARD_IF_FALSE": False,
              "POP_JUMP_BACKWARD_IF_TRUE": True}
@@ -158,9 +159,9 @@ def _emit_recompile_reasons(code, previous, L, G) -> None:
     def payload():
         lines = [f"Recompiling function {code.co_name} in {code.co_filename}:{code.co_firstlineno}",
                  "    triggered by the following guard failure(s):"]
-        for e in reversed(previous):
-            fails = e.guards.failures(L, G)
-            lines.append(f"    - {e.compile_id}: {fails[0] if fails else '(guards pass now)'}")
+        for e in reversed(previous):  # every failing guard of every entry, newest entry first
+            fails = e.guards.failures(L, G) or ["(guards pass now)"]
+            lines.extend(f"    - {e.compile_id}: {f}" for f in fails)
         return "\n".join(lines)
 
     if observe.enabled("artifact", "recompiles"):
@@ -628,16 +629,16 @@ def _break_plan(frame: Frame, inst, code):
     stack = list(frame.stack)
     k = frame.index[id(inst)]
     next_inst = frame.insts[k + 1] if k + 1 < len(frame.insts) else None
-    if inst.opname == "CALL":
+    if inst.opname in ("CALL", "CALL_KW"):
         argc = inst.arg
+        if inst.opname == "CALL_KW":  # 3.13+: the keyword names are the top of the stack
+            kw = tuple(frame.as_python(stack.pop()))
+        else:
+            kw = frame.kw_names
         items = stack[len(stack) - argc - 2:]
         below = stack[:len(stack) - argc - 2]
-        null_or_fn, fn_or_self, args = items[0], items[1], items[2:]
-        if isinstance(null_or_fn, NullVariable):
-            fn_vt, args = fn_or_self, list(args)
-        else:
-            fn_vt, args = null_or_fn, [fn_or_self] + list(args)
-        kw = frame.kw_names
+        fn_vt, self_vt = split_call(items[:2], lambda v: isinstance(v, NullVariable))
+        args = ([self_vt] if self_vt is not None else []) + list(items[2:])
         kwargs = {}
         if kw:
             kwargs = dict(zip(kw, args[len(args) - len(kw):]))
@@ -649,7 +650,7 @@ def _break_plan(frame: Frame, inst, code):
         n = 3 + has_kw
         items = stack[len(stack) - n:]
         below = stack[:len(stack) - n]
-        fn_vt, star, kws = items[1], items[2], (items[3] if has_kw else None)
+        fn_vt, star, kws = items[call_ex_callable_index()], items[2], (items[3] if has_kw else None)
         detail = ("call_ex", fn_vt, [star], {}, kws, None)
         resume_offsets = [(next_inst.offset, len(below) + 1)]
     elif inst.opname in _JUMP_OPS:
@@ -718,7 +719,9 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
     resumes = []
     for off, depth in resume_offsets:
         live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
-        slots = nulls + [len(below)] if kind == "step" and inst.is_method_load else nulls  # [NULL, attribute]
+        # a method load leaves the attribute and a NULL (on the side pyversion says)
+        slots = nulls + [len(below) + null_slot_of_method_load()] if kind == "step" and inst.is_method_load \
+            else nulls
         r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=slots,
                                         name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}",
                                         inside_handlers=bool(blocks))

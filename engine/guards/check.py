@@ -3,16 +3,18 @@ and keep a slow path that lists every failing guard as a sentence."""
 
 from __future__ import annotations
 
+import ast
 import builtins
 import dataclasses
+import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._device as _utils_device
 
 from .guard import Guard, TensorMeta, global_state
-from .render import expression
+from .render import expression, user_suffix
 
 
 def _device_test(v: str, device: torch.device, k: str) -> str:
@@ -116,13 +118,42 @@ class CompiledGuards:
     namespace: dict
 
     def failures(self, L: dict, G: dict) -> list[str]:
-        """Every failing guard as a sentence (the slow path, used for recompile reasons)."""
+        """Every failing guard as a sentence (the slow path, used for recompile reasons):
+        what it expected, what it got, and the user line that made the capture rely on it."""
+        return [str(f) for f in self.explain(L, G)]
+
+    def explain(self, L: dict, G: dict) -> list["GuardFailure"]:
+        """Every failing guard, as data (GuardFailure)."""
         out = []
         for i, g in enumerate(self.guards):
-            msg = explain_failure(g, i, L, G, self.namespace)
-            if msg:
-                out.append(msg)
+            f = explain_guard(g, i, L, G, self.namespace)
+            if f is not None:
+                out.append(f)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardFailure:
+    """One failing guard: the sentence that says why, the expected value, the value seen."""
+
+    guard: Guard
+    reason: str          # "L['c'] == 2.5: expected 2.5, got 3.0" (tensors: PyTorch's sentence)
+    expected: str = ""
+    actual: str = ""
+
+    @property
+    def user_line(self) -> str:
+        """"file.py:12 in fn" of the code that created the guard ("" when unknown)."""
+        f = self.guard.user_frame
+        return f"{os.path.basename(f[0])}:{f[1]} in {f[2]}" if f else ""
+
+    @property
+    def user_code(self) -> str:
+        f = self.guard.user_frame
+        return (f[3] or "").strip() if f else ""
+
+    def __str__(self) -> str:
+        return self.reason + user_suffix(self.guard)
 
 
 def _base_namespace() -> dict:
@@ -148,39 +179,138 @@ def _eval(expr: str, L: dict, G: dict, ns: dict) -> Any:
     return eval(expr, {**ns, "L": L, "G": G})
 
 
-def explain_failure(g: Guard, i: int, L: dict, G: dict, ns: dict) -> str | None:
+def _short(v: Any, limit: int = 80) -> str:
+    """A value as the user would write it, cut to one short line."""
+    if isinstance(v, type):
+        text = v.__qualname__ if v.__module__ == "builtins" else f"{v.__module__}.{v.__qualname__}"
+    elif callable(v) and hasattr(v, "__qualname__") and not isinstance(v, torch.Tensor):
+        text = f"<{type(v).__name__} {v.__qualname__}>"
+    elif isinstance(v, torch.nn.Module):
+        text = f"<{type(v).__name__} module at {hex(id(v))}>"
+    elif isinstance(v, torch.Tensor):
+        text = f"a tensor of size {list(v.size())}"
+    else:
+        try:
+            text = repr(v)
+        except Exception:
+            text = f"<{type(v).__name__}>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _tensor_failure(g: Guard, v: Any) -> Optional[GuardFailure]:
+    """PyTorch's sentences for a tensor that no longer matches (they name expected and actual)."""
+    m: TensorMeta = g.expected
+    name = g.source
+
+    def fail(what: str, expected: Any, actual: Any, sentence: Optional[str] = None) -> GuardFailure:
+        return GuardFailure(g, sentence or f"tensor '{name}' {what} mismatch. expected {expected}, actual {actual}",
+                            str(expected), str(actual))
+
+    if not isinstance(v, torch.Tensor):
+        return fail("type", "a tensor", type(v).__name__, f"{name} is not a tensor (got {type(v).__name__})")
+    if type(v) is not m.type:
+        return fail("type", m.type.__name__, type(v).__name__)
+    if v.dtype != m.dtype:
+        return fail("dtype", m.dtype, v.dtype)
+    if v.device != m.device:
+        return fail("device", m.device, v.device)
+    if v.requires_grad != m.requires_grad:
+        return GuardFailure(g, f"tensor '{name}' requires_grad mismatch. expected requires_grad={int(m.requires_grad)}",
+                            f"requires_grad={m.requires_grad}", f"requires_grad={v.requires_grad}")
+    if v.dim() != len(m.sizes):
+        return fail("rank", len(m.sizes), v.dim())
+    for d, (a, b) in enumerate(zip(m.sizes, v.size())):
+        if a is not None and a != b:
+            return fail(f"size", a, b, f"tensor '{name}' size mismatch at index {d}. expected {a}, actual {b}")
+    for d, (a, b) in enumerate(zip(m.strides, v.stride())):
+        if a is not None and a != b:
+            return fail("stride", a, b, f"tensor '{name}' stride mismatch at index {d}. expected {a}, actual {b}")
+    return None
+
+
+_SOURCE_ROOTS = ("L", "G")
+
+
+def _is_source(node: ast.AST) -> bool:
+    """`L['x'].size()[0]`, `G['n']`: an expression that reads the frame's values."""
+    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return isinstance(node, ast.Name) and node.id in _SOURCE_ROOTS
+
+
+def substitute_values(text: str, L: dict, G: dict, ns: dict) -> str:
+    """A shape guard with the values it read put in: `L['y'].size()[0] == L['x'].size()[0]`
+    -> `8 == 9`. Parts that cannot be evaluated stay as written."""
+
+    class Sub(ast.NodeTransformer):
+        def visit(self, node):
+            if isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)) and _is_source(node):
+                try:
+                    value = eval(compile(ast.Expression(node), "<guard>", "eval"), {**ns, "L": L, "G": G})
+                except Exception:
+                    return node
+                if isinstance(value, (int, float, bool)) or value is None:
+                    return ast.copy_location(ast.Constant(value), node)
+                return node
+            return self.generic_visit(node)
+
+    try:
+        tree = Sub().visit(ast.parse(text, mode="eval"))
+        return ast.unparse(ast.fix_missing_locations(tree))
+    except Exception:
+        return text
+
+
+def explain_guard(g: Guard, i: int, L: dict, G: dict, ns: dict) -> Optional[GuardFailure]:
+    """The failure of guard `g` on these frame values, or None when it passes."""
     try:
         if g.kind == "TENSOR_MATCH":
-            v = _eval(g.source, L, G, ns)
-            m: TensorMeta = g.expected
-            name = g.source
-            if not isinstance(v, torch.Tensor):
-                return f"{name} is not a tensor (got {type(v).__name__})"
-            if type(v) is not m.type:
-                return f"tensor '{name}' type mismatch. expected {m.type.__name__}, actual {type(v).__name__}"
-            if v.dtype != m.dtype:
-                return f"tensor '{name}' dtype mismatch. expected {m.dtype}, actual {v.dtype}"
-            if v.device != m.device:
-                return f"tensor '{name}' device mismatch. expected {m.device}, actual {v.device}"
-            if v.requires_grad != m.requires_grad:
-                return f"tensor '{name}' requires_grad mismatch. expected requires_grad={int(m.requires_grad)}"
-            if v.dim() != len(m.sizes):
-                return f"tensor '{name}' rank mismatch. expected {len(m.sizes)}, actual {v.dim()}"
-            for d, (a, b) in enumerate(zip(m.sizes, v.size())):
-                if a is not None and a != b:
-                    return f"tensor '{name}' size mismatch at index {d}. expected {a}, actual {b}"
-            for d, (a, b) in enumerate(zip(m.strides, v.stride())):
-                if a is not None and a != b:
-                    return f"tensor '{name}' stride mismatch at index {d}. expected {a}, actual {b}"
-            return None
+            return _tensor_failure(g, _eval(g.source, L, G, ns))
         local_ns = dict(ns)
         cond = _condition(g, i, local_ns)
         if _eval(cond, L, G, local_ns):
             return None
+        text, e = expression(g), g.expected
         if g.kind == "GLOBAL_STATE":
             now = global_state()
-            diffs = [f"{k}: expected {g.expected[k]}, actual {now.get(k)}" for k in g.expected if now.get(k) != g.expected[k]]
-            return "global state changed: " + "; ".join(diffs)
-        return expression(g)
+            changed = [k for k in e if now.get(k) != e[k]]
+            exp = ", ".join(f"{k}={e[k]}" for k in changed)
+            got = ", ".join(f"{k}={now.get(k)}" for k in changed)
+            return GuardFailure(g, f"global state changed: expected {exp}, got {got}", exp, got)
+        if g.kind == "SHAPE_ENV":
+            got = substitute_values(str(e), L, G, ns)
+            return GuardFailure(g, f"{text}: expected true, got false ({got})", "true", f"false ({got})")
+        if g.kind == "DUPLICATE_INPUT":
+            return GuardFailure(g, f"{text}: expected the same object as {e}, got a different one",
+                                f"the same object as {e}", "a different object")
+        v = _eval(g.source, L, G, ns)
+        if g.kind == "EQUALS_MATCH":
+            exp, got = _short(e), _short(v)
+            if type(v) is not type(e) and not (e is None or isinstance(e, bool)):
+                exp, got = f"{exp} ({type(e).__name__})", f"{got} ({type(v).__name__})"
+        elif g.kind == "TYPE_MATCH":
+            exp, got = _short(e), _short(type(v))
+        elif g.kind == "ID_MATCH":
+            exp, got = _short(e), _short(v)
+            if exp == got:
+                exp, got = f"{exp} at {hex(id(e))}", f"another {got} at {hex(id(v))}"
+        elif g.kind == "LENGTH_CHECK":
+            exp, got = f"length {e}", f"length {len(v)}"
+        elif g.kind == "DICT_KEYS":
+            exp, got = _short(list(e)), _short(list(v.keys()))
+        elif g.kind == "HASATTR":
+            name, present = e
+            exp = f"attribute {name!r} {'present' if present else 'absent'}"
+            got = f"attribute {name!r} {'absent' if present else 'present'}"
+        else:
+            return GuardFailure(g, text)
+        return GuardFailure(g, f"{text}: expected {exp}, got {got}", exp, got)
     except Exception as exc:
-        return f"{expression(g)} (evaluating it raised {type(exc).__name__}: {exc})"
+        return GuardFailure(g, f"{expression(g)} (evaluating it raised {type(exc).__name__}: {exc})")
+
+
+def explain_failure(g: Guard, i: int, L: dict, G: dict, ns: dict) -> str | None:
+    """The failure of guard `g` as one sentence (with its user line), or None when it passes."""
+    f = explain_guard(g, i, L, G, ns)
+    return None if f is None else str(f)

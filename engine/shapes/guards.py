@@ -174,10 +174,10 @@ def shape_guards(env, inputs: Iterable = (), first_use: Optional[dict] = None) -
         frame = t.user_frame
         if first_use and (frame is None or frame is env._entry_frame):
             # made while wrapping the inputs (no line yet): name the first line using the tensor
-            for src, f in first_use.items():
-                if t.text.find(src + ".") >= 0:
-                    frame = f
-                    break
+            # the guard is about (the first one it names: `L['y'].size()[0] == L['x'].size()[0]` ties y to x)
+            at = [(t.text.find(src + "."), f) for src, f in first_use.items() if t.text.find(src + ".") >= 0]
+            if at:
+                frame = min(at, key=lambda p: p[0])[1]
         out.append(Guard("SHAPE_ENV", "", t.text, frame))
     return out
 
@@ -216,13 +216,61 @@ def attach_first_use(guards: list, frames: dict) -> list:
     return out
 
 
+_ROOT_LOCAL = re.compile(r"L\['(?P<name>[^']+)'\]")
+_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_FAST_BORROW", "LOAD_FAST_BORROW_LOAD_FAST_BORROW",
+          "LOAD_DEREF", "LOAD_CLOSURE")
+
+
+def first_read_frames(code) -> dict:
+    """Local name -> the user frame of the first line of `code` that reads it. Arguments are
+    wrapped before tracing starts, so the guards made then name no line; this is the line
+    the user reads the argument on."""
+    import dis
+    import linecache
+    out: dict = {}
+    if code is None:
+        return out
+    try:
+        line = None
+        for ins in dis.get_instructions(code):
+            pos = getattr(ins, "positions", None)
+            line = (pos.lineno if pos is not None and pos.lineno else None) or ins.starts_line or line
+            if ins.opname not in _LOADS or line is None or isinstance(line, bool):
+                continue
+            names = ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+            for name in names:
+                if isinstance(name, str) and name not in out:
+                    text = linecache.getline(code.co_filename, line).strip()
+                    out[name] = (code.co_filename, line, code.co_name, text)
+    except Exception:  # provenance is a nicety
+        return out
+    return out
+
+
+def attach_first_read(guards: list, frames: dict) -> list:
+    """Guards still without a user line (made when the frame's arguments were wrapped, or a
+    shape guard on a size no graph op read) get the first line reading their root local."""
+    if not frames:
+        return guards
+    out = []
+    for g in guards:
+        if g.user_frame is None:
+            m = _ROOT_LOCAL.search(g.source if g.kind != "SHAPE_ENV" else str(g.expected))
+            if m and g.kind != "GLOBAL_STATE" and m.group("name") in frames:
+                g = dataclasses.replace(g, user_frame=frames[m.group("name")])
+        out.append(g)
+    return out
+
+
 def finalize_guards(out) -> list[Guard]:
     """The guard list of a finished capture (an OutputGraph): its guards with tensor
-    matches relaxed at symbolic dims and pointed at their first use, then the shape guards."""
+    matches relaxed at symbolic dims and pointed at their first use, then the shape guards;
+    a guard made before tracing began names the first line that reads its argument."""
     guards = relax_tensor_match(out.guard_list(), out.inputs)
     try:
         first_use = _first_use_frames(out.graph)
         guards = attach_first_use(guards, first_use)
     except Exception:  # provenance is a nicety: never fail a compile over it
         first_use = {}
-    return guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs, first_use)
+    guards = guards + shape_guards(getattr(out.fake_mode, "shape_env", None), out.inputs, first_use)
+    return attach_first_read(guards, first_read_frames(getattr(out, "f_code", None)))
