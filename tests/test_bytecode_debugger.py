@@ -1,6 +1,7 @@
 """The bytecode step debugger: a (bdb) prompt on the code the engine generated for each
 compiled frame, stepping it with real values and showing the real value stack."""
 
+import contextlib
 import io
 import os
 import re
@@ -115,6 +116,41 @@ def test_stepping_shows_the_real_stack_before_the_graph_call():
     assert before[2] == "  [2] Tensor(float32[2]) tensor([ 1., -1.])"  # d["bias"] became a constant
     after = text.split("(bdb) stack")[2].split("(bdb)")[0].splitlines()[1:]
     assert len(after) == 1 and "(tensor([ 2.5000, -1.5000]),)" in after[0]  # the graph's real output tuple
+
+
+def test_locals_are_the_users_variables_and_the_generated_temporaries():
+    @engine.compile(backend="eager")
+    def fn(x):
+        d = {}
+        y = x.sin()
+        d["y"] = y
+        print("graph break")
+        return d["y"].cos() + y + x
+
+    x = torch.tensor([0.0, 1.0])
+    # break at the call of the resume function: everything the rest of fn needs is built
+    _, listing = session(fn, (x,), ["ll", "q"])
+    resume_call = [ln for ln in listing.splitlines() if re.search(r"\bCALL\b.*\[resume_call\]", ln)][-1]
+    offset = int(resume_call.split()[1])
+    with contextlib.redirect_stdout(io.StringIO()):
+        result, text = session(fn, (x,), ["locals", f"b {offset}", "c", "locals", "p d['y'] is graph_out_0[0]",
+                                          "p L['x'] is x", "c", "locals", "c"])
+    assert torch.equal(result, x.sin().cos() + x.sin() + x)
+    frame1, frame2 = text.split("[bdb] frame 2:")
+    first = frame1.split("(bdb) locals")[1].split("(bdb)")[0].splitlines()[1:]
+    assert first == ["  x = Tensor(float32[2]) tensor([0., 1.])"]    # not L = {...}, G = {...}, F = ...
+    at_resume = frame1.split("(bdb) locals")[2].split("(bdb)")[0].splitlines()[1:]
+    names = [ln.split(" = ")[0].strip() for ln in at_resume]
+    assert names[:3] == ["x", "d", "y"] and "graph_out_0" in names and not {"L", "G", "F"} & set(names)
+    assert any(ln.startswith("  d = {'y': tensor([0.0000, 0.8415])}  # __t") and
+               ln.endswith(", passed to the resume function") for ln in at_resume)
+    assert "  y = Tensor(float32[2]) tensor([0.0000, 0.8415])  # graph_out_0[0], passed to the resume function" \
+        in at_resume
+    assert any(ln.startswith("  graph_out_0 = (tensor([0.0000, 0.8415]),)  # __o") for ln in at_resume)
+    assert "(bdb) p d['y'] is graph_out_0[0]\nTrue" in frame1 and "(bdb) p L['x'] is x\nTrue" in frame1
+    # the resume function's frame: the same names, now its arguments
+    resumed = frame2.split("(bdb) locals")[1].split("(bdb)")[0].splitlines()[1:]
+    assert {"x", "d", "y"} <= {ln.split(" = ")[0].strip() for ln in resumed}
 
 
 def test_step_count_and_listing_range():
