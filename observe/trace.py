@@ -74,7 +74,12 @@ class TraceSink:
             "pytorch_version": getattr(torch, "__version__", None),
             "python_version": sys.version.split()[0],
             "engine": "engine",
+            "engine_version": _engine_version(),
             "argv": sys.argv,
+            "executable": sys.executable,
+            "cwd": os.getcwd(),
+            # the switches that change what a compile does or shows (PyTorch's names)
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIXES)},
         }
         self._write("artifact", {"name": "torch_version", "encoding": "json"}, None,
                     json.dumps(versions, indent=1), time.time_ns(), "observe/trace")
@@ -165,6 +170,18 @@ def _jsonable(value):
 
 
 SINK: Optional[TraceSink] = None
+
+
+_ENV_PREFIXES = ("TORCH_LOGS", "TORCH_TRACE", "TORCH_COMPILE", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_CPP_LOG")
+
+
+def _engine_version() -> Optional[str]:
+    """The installed version of this project (observe ships in the same distribution)."""
+    try:
+        from importlib import metadata
+        return metadata.version("engine-observe")
+    except Exception:
+        return None
 
 
 def start(directory: str) -> TraceSink:

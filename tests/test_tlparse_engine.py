@@ -92,3 +92,29 @@ def test_engine_report_pages_link(engine_report):
     check_links(out)
     timeline = json.loads((out / "chromium_events.json").read_text())
     assert any(e["name"] == "entire_frame_compile" for e in timeline)
+
+
+def test_front_page_says_what_ran(engine_report):
+    """The first thing on the page: the program, the compiler and its version, torch and
+    Python, and the config the compiles ran with."""
+    from importlib import metadata
+    import torch
+    root, out = engine_report
+    index = (out / "index.html").read_text()
+    run = index.split('<div id="run">')[1].split("</div>")[0]
+    assert index.index('<div id="run">') < index.index('class="cards"')   # before everything else
+    assert f"<td>program</td><td><code>python {root}/prog.py</code></td>" in run
+    assert f"<td>compiler</td><td>engine {metadata.version('engine-observe')}</td>" in run
+    assert f"<td>torch</td><td>{torch.__version__}</td>" in run
+    assert f"<td>Python</td><td>{sys.version.split()[0]}</td>" in run
+    assert "<td><code>cache_size_limit</code></td><td><code>8</code></td>" in run    # the knobs, with values
+    assert "TORCH_TRACE=" in run                                                      # the switches it ran with
+    plain = tmp_plain(root)
+    assert f"program: python {root}/prog.py" in plain and "compiler: engine " in plain
+
+
+def tmp_plain(root):
+    out = root / "plain"
+    if not out.exists():
+        assert main([str(root / "trace"), "-o", str(out), "--plain-text"]) == 0
+    return (out / "index.txt").read_text()

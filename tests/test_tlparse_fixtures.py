@@ -192,3 +192,11 @@ def test_every_link_resolves_and_nothing_is_fetched_from_the_network(tmp_path, c
 
 def test_all_ranks_links_resolve(tmp_path):
     check_links(report(tmp_path, "two_ranks", "--all-ranks-html"))
+
+
+def test_a_torch_trace_front_page_names_torch_compile_and_its_commit(tmp_path):
+    out = report(tmp_path, "graph_breaks")
+    run = (out / "index.html").read_text().split('<div id="run">')[1].split("</div>")[0]
+    assert "<td>compiler</td><td>torch.compile</td>" in run
+    assert "<td>torch</td><td>2.13.0+cpu (commit cf30153c4c13)</td>" in run
+    assert "<td>program</td><td>not in the trace</td>" in run

@@ -152,6 +152,7 @@ class Collector:
         self.versions: dict = {}
         self.config: dict[str, str] = {}          # name -> url of a config artifact
         self.dynamo_config: Optional[str] = None
+        self.dynamo_configs: list = []            # (compile label, url) of each distinct dynamo_config, in order
         self.config_pages: dict[str, str] = {}    # md5 of a config text -> its page
         self.pending_recompile: list = []
         self.ranks_seen: set = set()
@@ -410,7 +411,8 @@ class Collector:
                     self.config_pages[digest] = url
                     self.config.setdefault(k, url)
                     if k == "dynamo_config":
-                        self.dynamo_config = meta[k]
+                        self.dynamo_config = self.dynamo_config or meta[k]
+                        self.dynamo_configs.append((compile_label(comp.key, attempt), url))
                 small[k] = f"see {url}"
         if kind != "bwd_compilation_metrics":
             comp.metrics = {k: small[k] for k in KEPT_METRICS if k in small}

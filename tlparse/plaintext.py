@@ -13,7 +13,7 @@ import textwrap
 from . import __version__, stacktrie
 from .collect import Collector
 from .interpret import base_entry
-from .report import Options, failures, frame_name, frame_where, frames_of, real_compiles
+from .report import Options, failures, run_facts, frame_name, frame_where, frames_of, real_compiles
 
 
 _RANDOM = re.compile(r"_[A-Za-z0-9_]{8}\.log$")
@@ -35,6 +35,7 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
               f"torch version: {v.get('pytorch_version') or v.get('torch_version') or 'not in the trace'}",
               f"python version (traced program): {v.get('python_version') or 'not in the trace'}",
               f"compiler config: {', '.join(sorted(col.config)) or 'not in the trace'}",
+              *[f"{k}: {val}" for k, val in run_facts(col) if k in ("program", "compiler", "config", "switches") and val],
               "event kinds: " + ", ".join(f"{k}={n}" for k, n in sorted(col.counts.items())), ""]
     lines += ["== Summary",
               f"compiles: {len(comps)}  frames: {len(frames)}  distinct graph breaks: {len(col.breaks)}  "

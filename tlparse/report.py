@@ -281,7 +281,7 @@ def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Opt
     n_fail = sum(1 for c in comps if c.fail_type)
     n_restart = sum(len(c.restart_reasons) for c in comps)
     title = "Compile report" + (f" — rank {rank}" if rank is not None else "")
-    p = [f"<h1>{esc(title)}</h1>"]
+    p = [f"<h1>{esc(title)}</h1>", run_html(col)]
     if rank is not None:
         p.append('<p><a href="../index.html">all ranks</a>: how this rank differs from the others</p>')
     cards = [("compiles", len(comps), False), ("frames", len(frames), False),
@@ -400,6 +400,59 @@ def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Opt
     p.append(about_html(col, opts, inputs))
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
         f.write(page(title, "\n".join(p)))
+
+
+def config_knobs(col: Collector) -> dict:
+    """The compiler config of the run's first compile (`dynamo_config` of compilation_metrics)."""
+    try:
+        value = json.loads(col.dynamo_config) if col.dynamo_config else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def run_facts(col: Collector) -> list[tuple[str, str]]:
+    """What ran, as the trace says it: program, compiler and versions, config, switches."""
+    v = col.versions
+    argv = v.get("argv")
+    program = " ".join(["python"] + [str(a) for a in argv]) if isinstance(argv, list) and argv else ""
+    if v.get("engine"):
+        compiler = f"{v.get('engine')} {v.get('engine_version') or '(version not in the trace)'}"
+    elif v.get("pytorch_version"):
+        compiler = "torch.compile"
+    else:
+        compiler = "not in the trace"
+    torch_v = str(v.get("pytorch_version") or v.get("torch_version") or "not in the trace")
+    if v.get("commit"):
+        torch_v += f" (commit {str(v.get('commit'))[:12]})"
+    knobs = config_knobs(col)
+    cfg = f"{len(knobs)} knobs" if knobs else "not in the trace"
+    if len(col.dynamo_configs) > 1:
+        cfg += f"; changed during the run: {len(col.dynamo_configs)} distinct configs"
+    env = v.get("env") if isinstance(v.get("env"), dict) else {}
+    return [("program", program or "not in the trace"), ("working directory", str(v.get("cwd") or "")),
+            ("compiler", compiler), ("torch", torch_v),
+            ("Python", str(v.get("python_version") or "not in the trace")),
+            ("config", cfg), ("switches", " ".join(f"{k}={val}" for k, val in env.items()))]
+
+
+def run_html(col: Collector) -> str:
+    """The front page's first block: the run this report is about."""
+    rows = []
+    for k, val in run_facts(col):
+        if not val:
+            continue
+        literal = k in ("program", "switches", "working directory") and val != "not in the trace"
+        cell = f"<code>{esc(val)}</code>" if literal else esc(val)
+        if k == "config" and col.dynamo_configs:
+            cell += " — " + " · ".join(f'<a href="{esc(url)}">{esc(label)}</a>' for label, url in col.dynamo_configs)
+            knobs = config_knobs(col)
+            if knobs:
+                cell += ("<details><summary>knobs</summary>" + table(
+                    ["knob", "value"], [[f"<code>{esc(n)}</code>", f"<code>{esc(json.dumps(x, default=str))}</code>"]
+                                        for n, x in sorted(knobs.items())]) + "</details>")
+        rows.append([esc(k), cell])
+    return '<div id="run">' + table(["this run", ""], rows) + '</div>'
 
 
 def about(col: Collector, opts: Options, inputs: list) -> list[tuple[str, str]]:
