@@ -179,3 +179,16 @@ def test_extern_arguments_have_eager_strides():
 
     engine.reset()
     torch.testing.assert_close(engine.compile(f, backend="inductor")(w, idx, off, psw), f(w, idx, off, psw))
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(6, 4), lambda: torch.randn(4, 6).t(), lambda: torch.randn(6, 8)[:, ::2]],
+                         ids=["contiguous", "transposed", "strided"])
+def test_foreach_results_feed_fused_kernels_in_their_real_layout(make):
+    # an optimizer step's foreach ops run as aten calls; their results are read by our kernels
+    a, b = make(), torch.randn(6, 4)
+
+    def fn(a, b):
+        x, y = torch._foreach_mul([a, b], 2.0)
+        return (x + 1).sin(), (y * x).cos()
+
+    check(fn, a, b)

@@ -15,13 +15,19 @@ from .metadata import GraphMeta
 
 def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     n = meta.num_mutations
-    for k, i in enumerate(meta.mutated_inputs):
-        target, new = flat[i], outs[k]
-        if meta.inputs[i].differentiable_mutation and torch.is_grad_enabled():
-            target.copy_(new)          # eager's in-place op would be recorded by autograd too
-        else:
-            with torch.no_grad():
-                target.copy_(new)
+    grad = torch.is_grad_enabled()
+    if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
+        with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
+            for k, i in enumerate(meta.mutated_inputs):
+                flat[i].copy_(outs[k])
+    else:
+        for k, i in enumerate(meta.mutated_inputs):
+            target, new = flat[i], outs[k]
+            if meta.inputs[i].differentiable_mutation and grad:
+                target.copy_(new)          # eager's in-place op would be recorded by autograd too
+            else:
+                with torch.no_grad():
+                    target.copy_(new)
     leaves = []
     for o in meta.outputs:
         if o.kind == "graph":

@@ -179,10 +179,31 @@ def _extern_call(g, ext: ExternKernel) -> list[str]:
         o = ext.outputs[0]
         return [f"{o.name} = ensure_layout({call}, {tup(o.layout.sizes)}, {tup(o.layout.strides)})"]
     lines = [f"{ext.name} = {call}"]
+    if _dense_foreach(ext):
+        # one unpacking for the whole list: an optimizer step's foreach ops return hundreds of tensors
+        lines.append(f"{', '.join(o.name for o in ext.outputs)}, = {ext.name}")
+        return lines
     for o in ext.outputs:
         sub = "".join(f"[{p}]" for p in o.path)
         lines.append(f"{o.name} = ensure_layout({ext.name}{sub}, {tup(o.layout.sizes)}, {tup(o.layout.strides)})")
     return lines
+
+
+def _dense_foreach(ext: ExternKernel) -> bool:
+    """A foreach op (`aten._foreach_mul.Scalar(tensors, 0.9)`) whose every result is used and
+    whose first tensor list is contiguous: aten returns each result contiguous, in the sizes
+    of its input (empty_like of a dense tensor), so no per-tensor layout check is needed."""
+    if not ext.op._opname.startswith("_foreach_") or not ext.args or not isinstance(ext.args[0], (list, tuple)):
+        return False
+    firsts = ext.args[0]
+    if len(firsts) != len(ext.outputs):
+        return False
+    for k, (o, a) in enumerate(zip(ext.outputs, firsts)):
+        if o.path != (k,) or not isinstance(a, TensorValue) or a.layout is None or a.layout.dtype != o.layout.dtype:
+            return False
+        if tuple(a.layout.sizes) != tuple(o.layout.sizes) or not (a.layout.is_contiguous() and o.layout.is_contiguous()):
+            return False
+    return True
 
 
 def _output_expr(g, o) -> str:
