@@ -5,6 +5,7 @@
     tlparse /tmp/trace --all-ranks-html          # one report over every rank's log
     tlparse trace.log --plain-text -o out        # text files that diff cleanly
     tlparse trace.log --strict                   # exit 1 if any line could not be parsed
+    tlparse diff RUN_A RUN_B -o out              # what changed between two runs (exit 1: new breaks/recompiles)
 """
 
 from __future__ import annotations
@@ -40,7 +41,44 @@ def find_logs(path: str, latest: bool, all_ranks: bool) -> list[str]:
     return preferred
 
 
+def diff_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="tlparse diff", description="Compare two runs' traces (before and after a "
+                                 "code or config change). Exit status 1 when run B has a graph break or a recompile "
+                                 "that run A did not have.")
+    ap.add_argument("run_a", help="run A: a TORCH_TRACE directory or one log file")
+    ap.add_argument("run_b", help="run B: a TORCH_TRACE directory or one log file")
+    ap.add_argument("-o", "--output", default="tl_diff", help="output directory (default: tl_diff)")
+    ap.add_argument("--plain", "--plain-text", dest="plain", action="store_true",
+                    help="text (index.txt, also printed) instead of HTML")
+    ap.add_argument("--overwrite", action="store_true", help="replace the output directory if it exists")
+    ap.add_argument("--no-browser", action="store_true", help="do not open the diff in a browser")
+    args = ap.parse_args(argv)
+    try:
+        logs_a = find_logs(args.run_a, False, True)
+        logs_b = find_logs(args.run_b, False, True)
+        if os.path.exists(args.output):
+            if not args.overwrite:
+                raise UsageError(f"{args.output} exists; pass --overwrite to replace it (or -o another directory)")
+            shutil.rmtree(args.output) if os.path.isdir(args.output) else os.remove(args.output)
+    except UsageError as exc:
+        print(f"tlparse diff: error: {exc}", file=sys.stderr)
+        return 2
+    from .diff import render_plain, run_diff
+    d = run_diff(logs_a, logs_b, args.output, args.plain, args.run_a, args.run_b)
+    if args.plain:
+        sys.stdout.write(render_plain(d))
+    else:
+        print(f"tlparse diff: {'REGRESSED' if d.regressed else 'no new graph break or recompile'} -> "
+              f"{os.path.join(args.output, 'index.html')}", file=sys.stderr)
+        if not args.no_browser:
+            webbrowser.open("file://" + os.path.abspath(os.path.join(args.output, "index.html")))
+    return 1 if d.regressed else 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    if raw and raw[0] == "diff" and not os.path.exists("diff"):
+        return diff_main(list(raw[1:]))
     ap = argparse.ArgumentParser(prog="tlparse", description="Turn a TORCH_TRACE directory or log file into an "
                                  "HTML report of what the compiler did.")
     ap.add_argument("path", help="a TORCH_TRACE directory or one log file")
