@@ -12,7 +12,7 @@ import bare_capture  # noqa: F401,E402 (before engine.capture: loads it without 
 
 import pytest  # noqa: E402
 
-from engine.capture.bytecode import (PY312, AssemblyError, Instruction, assemble,  # noqa: E402
+from engine.capture.bytecode import (AssemblyError, Instruction, assemble,  # noqa: E402
                                      create_instruction, decode, format_code, offset_map,
                                      stack_depths)
 from engine.capture.bytecode_builder import BytecodeBuilder  # noqa: E402
@@ -302,7 +302,7 @@ def test_builder_calls_methods_keywords_closures_and_rot_n():
         return (a, b, k)
 
     b = BytecodeBuilder()
-    b.push_callable_const(helper)     # NULL, helper
+    b.push_callable_const(helper)     # helper and its NULL
     b.load_fast("o")
     b.load_method("upper")
     b.call(0)                         # o.upper()
@@ -325,8 +325,9 @@ def test_builder_calls_methods_keywords_closures_and_rot_n():
 
     inner = outer(41).__code__
     b = BytecodeBuilder()
-    b.push_null()
+    b.null_before()
     b.make_function(inner, closure_names=("v",))  # a new function sharing this frame's cell
+    b.null_after()                                # NULL below (3.11, 3.12) or above (3.13) it
     b.call(0)
     b.return_value()
     gen = b.build(outer.__code__, "outer_gen")

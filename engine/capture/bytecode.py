@@ -1,4 +1,4 @@
-"""Decode and assemble CPython 3.11 / 3.12 bytecode.
+"""Decode and assemble CPython bytecode (the versions pyversion.py has a table for).
 
 `decode(code)` turns a code object into a list of `Instruction`s: no CACHE entries,
 EXTENDED_ARG folded into the argument, jump targets and exception-table handlers
@@ -11,6 +11,11 @@ re-assembles to the same co_code, co_linetable and co_exceptiontable.
 
 `format_code` is the one listing renderer (TORCH_LOGS=bytecode, traces, the bytecode step
 debugger): offset, line, opname, argument and the region label set by the code generator.
+What differs between Python versions is read from `pyversion.V` (one table per
+version), never from `sys.version_info`. On 3.13 the fused two-local instructions
+(LOAD_FAST_LOAD_FAST, STORE_FAST_LOAD_FAST, STORE_FAST_STORE_FAST) decode as one
+Instruction whose `argval` is the pair of names, and a LOAD_FAST that pushes a cell (to
+build a closure) decodes as LOAD_CLOSURE, which assembles back to that LOAD_FAST.
 Nothing here imports torch.
 """
 
@@ -23,10 +28,11 @@ import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-PY311 = sys.version_info[:2] == (3, 11)
-PY312 = sys.version_info[:2] >= (3, 12)
-if sys.version_info[:2] not in ((3, 11), (3, 12)):  # pragma: no cover - guarded by the caller
-    raise ImportError("engine.capture.bytecode supports CPython 3.11 and 3.12 only")
+from .pyversion import V
+
+# Kept for old callers (tests): the engine reads the table `V`, not these.
+PY311 = V.version == (3, 11)
+PY312 = V.version >= (3, 12)
 
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 _HASJREL = frozenset(dis.hasjrel)
@@ -34,6 +40,8 @@ _HASCONST = frozenset(dis.hasconst)
 _HASNAME = frozenset(dis.hasname)
 _HASLOCAL = frozenset(dis.haslocal)
 _HASFREE = frozenset(dis.hasfree)
+# Opcodes that take an argument (3.13 has argument-less opcodes above HAVE_ARGUMENT).
+_HASARG = frozenset(getattr(dis, "hasarg", range(dis.HAVE_ARGUMENT, 256)))
 
 # Instructions after which control never falls through to the next one.
 _TERMINAL = frozenset(
@@ -49,10 +57,11 @@ _VIRTUAL_JUMPS = frozenset(
 )
 
 # How many low bits of a name-index argument are flags (NULL push, method load, ...).
-if PY312:
-    _NAME_FLAG_BITS = {"LOAD_GLOBAL": 1, "LOAD_ATTR": 1, "LOAD_SUPER_ATTR": 2}
-else:
-    _NAME_FLAG_BITS = {"LOAD_GLOBAL": 1}
+_NAME_FLAG_BITS = V.name_flag_bits
+# Two-local superinstructions (3.13+): opname -> the two plain instructions it does.
+FUSED_LOCAL_OPS = V.fused_local_ops
+# The pseudo-instruction LOAD_CLOSURE becomes this real one (3.13: LOAD_FAST of the cell's slot).
+_CLOSURE_LOAD = V.closure_load
 
 REGIONS = ("prologue", "call_graph", "store_outputs", "side_effects", "graph_break",
            "resume_call", "original")
@@ -66,7 +75,7 @@ def cache_entries(opname_or_code: str | int) -> int:
     """Inline CACHE code units that follow this opcode on the running interpreter."""
     op = opname_or_code if isinstance(opname_or_code, int) else dis.opmap[opname_or_code]
     entries = dis._inline_cache_entries
-    if isinstance(entries, dict):  # pragma: no cover - 3.13 keys by name
+    if isinstance(entries, dict):  # 3.13+ keys by name
         return entries.get(dis.opname[op], 0)
     return entries[op]
 
@@ -115,7 +124,8 @@ class Instruction:
 
     @property
     def is_method_load(self) -> bool:
-        return self.opname == "LOAD_METHOD" or (PY312 and self.opname == "LOAD_ATTR" and bool(self.flags & 1))
+        return self.opname == "LOAD_METHOD" or (V.method_load == "LOAD_ATTR" and self.opname == "LOAD_ATTR"
+                                                 and bool(self.flags & 1))
 
     def is_jump(self) -> bool:
         return self.opname in _VIRTUAL_JUMPS or self.opcode in _HASJREL
@@ -144,8 +154,8 @@ def create_instruction(opname: str, *, arg: int | None = None, argval: Any = Non
             raise ValueError("push_null only applies to LOAD_GLOBAL")
         flags |= 1
     if method:
-        if not (PY312 and opname == "LOAD_ATTR"):
-            raise ValueError("method=True is LOAD_ATTR on 3.12 (use LOAD_METHOD on 3.11)")
+        if not (V.method_load == "LOAD_ATTR" and opname == "LOAD_ATTR"):
+            raise ValueError(f"method=True is LOAD_ATTR's flag on 3.12+ (on {V.name} use {V.method_load})")
         flags |= 1
     if arg is None and isinstance(argval, int) and not isinstance(argval, bool) and \
             _uses_plain_arg(opname):
@@ -160,7 +170,7 @@ def _uses_plain_arg(opname: str) -> bool:
     if opname in _VIRTUAL_JUMPS:
         return False
     op = dis.opmap[opname]
-    return op >= dis.HAVE_ARGUMENT and op not in _HASCONST | _HASNAME | _HASLOCAL | _HASFREE | _HASJREL
+    return op in _HASARG and op not in _HASCONST | _HASNAME | _HASLOCAL | _HASFREE | _HASJREL
 
 
 def _resolve_opcode(opname: str, backward: bool) -> int:
@@ -173,10 +183,10 @@ def _resolve_opname(opname: str, backward: bool) -> str:
         return "JUMP_BACKWARD" if backward else "JUMP_FORWARD"
     if opname.startswith("POP_JUMP_"):
         cond = opname.split("_IF_", 1)[1]
-        if PY311:
+        if V.directional_cond_jumps:
             return f"POP_JUMP_{'BACKWARD' if backward else 'FORWARD'}_IF_{cond}"
         if backward:
-            raise AssemblyError(f"{opname} cannot jump backward on Python 3.12 "
+            raise AssemblyError(f"{opname} cannot jump backward on Python {V.name} "
                                 "(BytecodeBuilder.jump_if_* rewrites such jumps)")
         return f"POP_JUMP_IF_{cond}"
     if opname == "JUMP_BACKWARD_NO_INTERRUPT" and not backward:
@@ -249,6 +259,11 @@ def decode(code: types.CodeType) -> list[Instruction]:
         )
         if d.opcode in _HASCONST:  # 3.11's dis leaves KW_NAMES' tuple as <unknown>
             inst.argval = code.co_consts[d.arg]
+        if _CLOSURE_LOAD != "LOAD_CLOSURE" and d.opname == _CLOSURE_LOAD and \
+                (d.argval in code.co_cellvars or d.argval in code.co_freevars):
+            inst.opname = "LOAD_CLOSURE"  # pushes the cell itself (3.13's closure building)
+        elif d.opname in FUSED_LOCAL_OPS:
+            inst.argval = tuple(d.argval)
         bits = _NAME_FLAG_BITS.get(d.opname)
         if bits:
             inst.flags = d.arg & ((1 << bits) - 1)
@@ -490,7 +505,16 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
         if name not in dis.opmap:
             raise AssemblyError(f"unknown opcode {name!r}")
         op = dis.opmap[name]
-        if op in _HASCONST:
+        if name == "LOAD_CLOSURE":
+            args[i] = -1  # a localsplus index, like a free variable's: filled in below
+        elif name in FUSED_LOCAL_OPS:
+            first, second = inst.argval
+            i1, i2 = tables.local(first), tables.local(second)
+            if i1 > 15 or i2 > 15:
+                raise AssemblyError(f"{name} {inst.argval!r}: locals past the 16th cannot be fused "
+                                    f"(split it into {' and '.join(FUSED_LOCAL_OPS[name])})")
+            args[i] = (i1 << 4) | i2
+        elif op in _HASCONST:
             args[i] = tables.const(inst.argval)
         elif op in _HASNAME:
             bits = _NAME_FLAG_BITS.get(name, 0)
@@ -499,7 +523,7 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
             args[i] = tables.local(inst.argval)
         elif op in _HASFREE:
             args[i] = -1  # a localsplus index: filled in once varnames is final
-        elif op >= dis.HAVE_ARGUMENT:
+        elif op in _HASARG:
             arg = inst.arg if inst.arg is not None else inst.argval
             if not isinstance(arg, int):
                 raise AssemblyError(f"{name} at #{i} needs an integer arg, got {arg!r}")
@@ -508,7 +532,7 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
     # Free/cell indices count past every local, so compute them once varnames is final.
     lp = tables.localsplus()
     for i, inst in enumerate(insts):
-        if args[i] == -1 and dis.opmap[inst.opname] in _HASFREE:
+        if args[i] == -1 and (inst.opname == "LOAD_CLOSURE" or dis.opmap[inst.opname] in _HASFREE):
             try:
                 args[i] = lp.index(inst.argval)
             except ValueError:
@@ -519,7 +543,7 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
     ext = [0] * n
     for i in range(n):
         if not is_jump[i]:
-            opnames[i] = insts[i].opname
+            opnames[i] = _CLOSURE_LOAD if insts[i].opname == "LOAD_CLOSURE" else insts[i].opname
             caches[i] = cache_entries(opnames[i])
             ext[i] = _ext_count(args[i])
         else:
@@ -562,7 +586,7 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
         for k in range(ext[i], 0, -1):
             code += bytes((_EXTENDED_ARG, (arg >> (8 * k)) & 0xFF))
         op_offsets.append(len(code))
-        code += bytes((op, arg & 0xFF if op >= dis.HAVE_ARGUMENT else 0))
+        code += bytes((op, arg & 0xFF if op in _HASARG else 0))
         code += bytes(2 * caches[i])
         ends.append(len(code))
     assert len(code) == total
@@ -596,9 +620,9 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
     while i < n:
         loc = _location(insts[i])
         j = i
-        # 3.12's assembler merges equal adjacent locations into one entry; 3.11's writes
+        # 3.12+'s assembler merges equal adjacent locations into one entry; 3.11's writes
         # one entry per instruction. Doing the same keeps unmodified code byte-identical.
-        while PY312 and j + 1 < n and _location(insts[j + 1]) == loc:
+        while V.merge_equal_locations and j + 1 < n and _location(insts[j + 1]) == loc:
             j += 1
         size = (ends[j] - starts[i]) // 2
         while size > 8:
@@ -630,22 +654,28 @@ def assemble_with_layout(instructions: Sequence[Instruction], *, template: types
 
 def _check_adjacency(insts: Sequence[Instruction]) -> None:
     """Pairs the specialising interpreter assumes are adjacent (it skips over the second)."""
+    exit_ops = V.for_iter_exit
+    pos = None
     for k, inst in enumerate(insts):
-        if PY311 and inst.opname == "PRECALL":
+        if V.precall and inst.opname == "PRECALL":
             nxt = insts[k + 1] if k + 1 < len(insts) else None
             if nxt is None or nxt.opname != "CALL":
-                raise AssemblyError(f"PRECALL at #{k} must be followed directly by CALL on 3.11")
-        if PY312 and inst.opname == "FOR_ITER" and inst.target is not None \
-                and inst.target.opname != "END_FOR":
-            raise AssemblyError(f"FOR_ITER at #{k} must jump to END_FOR on 3.12 "
-                                f"(it targets {inst.target.opname})")
+                raise AssemblyError(f"PRECALL at #{k} must be followed directly by CALL on {V.name}")
+        if exit_ops and inst.opname == "FOR_ITER" and inst.target is not None:
+            if pos is None:
+                pos = {id(x): j for j, x in enumerate(insts)}
+            t = pos.get(id(inst.target))
+            found = tuple(x.opname for x in insts[t:t + len(exit_ops)]) if t is not None else ()
+            if found != exit_ops:
+                raise AssemblyError(f"FOR_ITER at #{k} must jump to {', '.join(exit_ops)} on {V.name} "
+                                    f"(it targets {', '.join(found) or inst.target.opname})")
 
 
 def _stack_effect(opname: str, arg: int, jump: bool) -> int:
     if opname == "RETURN_GENERATOR":
         return 1  # the frame resumes with the first sent value pushed (popped by POP_TOP)
     op = dis.opmap[opname]
-    if op < dis.HAVE_ARGUMENT:
+    if op not in _HASARG:
         return dis.stack_effect(op, jump=jump)
     return dis.stack_effect(op, arg, jump=jump)
 
@@ -725,11 +755,13 @@ def _argrepr(inst: Instruction) -> str:
         if op in _HASNAME:
             s = str(inst.argval)
             if inst.push_null:
-                return f"NULL + {s}"
-            if inst.is_method_load and PY312:
+                return f"{s} + NULL" if V.null_above_callable else f"NULL + {s}"
+            if inst.is_method_load and inst.opname == "LOAD_ATTR":
                 return f"{s} + NULL|self"
             return s
         if op in _HASLOCAL or op in _HASFREE:
+            if isinstance(inst.argval, tuple):
+                return ", ".join(map(str, inst.argval))
             return str(inst.argval)
     if inst.argrepr:
         return inst.argrepr

@@ -6,14 +6,18 @@ through `BytecodeBuilder`; every instruction carries the region that was current
 was emitted, and `build()` turns those into offset ranges of the final code object. The
 bytecode step debugger and TORCH_LOGS=bytecode label instructions from these ranges.
 
-Stack discipline for calls (the same on 3.11 and 3.12: NULL sits *below* the callable):
+Stack discipline for calls: a callable takes two slots, the callable and a NULL (or a
+method and its self). Which side the NULL is on, and how a call with keywords is written,
+depend on the Python version (pyversion.py): use these methods, not raw opcodes.
 
-    b.load_global("f", push_null=True)    # NULL, f        (or b.push_null(); <load f>)
-    b.load_fast("x"); b.load_const(2)     # NULL, f, x, 2
-    b.call(2)                             # f(x, 2)   3.11: PRECALL 2; CALL 2   3.12: CALL 2
-    b.load_fast("o"); b.load_method("m")  # m, o  (or NULL, o.m)   3.11 LOAD_METHOD, 3.12 LOAD_ATTR+1
+    b.load_global("f", push_null=True)    # NULL, f (3.11/3.12) or f, NULL (3.13)
+    b.load_fast("x"); b.load_const(2)
+    b.call(2)                             # f(x, 2)   3.11: PRECALL 2; CALL 2   3.12+: CALL 2
+    b.load_fast("o"); b.load_method("m")  # m, o  (or the attribute and a NULL)
     b.load_fast("a"); b.load_const(1)
-    b.call(2, kw_names=("k",))            # o.m(a, k=1): KW_NAMES then the call
+    b.call(2, kw_names=("k",))            # o.m(a, k=1): KW_NAMES + CALL, or the names + CALL_KW (3.13)
+    b.push_callable_const(fn)             # fn with its NULL, on the right side, for call(n)
+    b.null_before(); <load a callable>; b.null_after()   # the same for any callable
 
 Labels:  `end = b.new_label(); b.jump_if_false(end); ...; b.place(end)`; a label marks
 the next instruction emitted after `place`.
@@ -27,8 +31,9 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from .bytecode import (PY311, PY312, AssemblyError, Instruction, assemble_with_layout,
+from .bytecode import (FUSED_LOCAL_OPS, AssemblyError, Instruction, assemble_with_layout,
                        create_instruction, decode, format_code)
+from .pyversion import V
 
 CO_VARARGS = 0x04
 CO_VARKEYWORDS = 0x08
@@ -79,6 +84,22 @@ class GeneratedCode:
 
     def format(self, current_offset: int | None = None) -> str:
         return format_code(self, current_offset=current_offset)
+
+
+def split_fused_locals(insts: Sequence[Instruction]) -> list[Instruction]:
+    """3.13's two-local superinstructions as the two plain ones (in place: the first half
+    keeps the object, so jump targets and handlers still find it)."""
+    out: list[Instruction] = []
+    for inst in insts:
+        pair = FUSED_LOCAL_OPS.get(inst.opname)
+        if pair is None:
+            out.append(inst)
+            continue
+        (op1, op2), (name1, name2) = pair, inst.argval
+        inst.opname, inst.argval, inst.arg = op1, name1, None
+        out.append(inst)
+        out.append(inst.copy(opname=op2, argval=name2, offset=None, starts_line=False))
+    return out
 
 
 class BytecodeBuilder:
@@ -171,7 +192,11 @@ class BytecodeBuilder:
         return self.load_global(name, push_null=True)
 
     def push_callable_const(self, fn: Any) -> Instruction:
-        """NULL + a constant callable (a compiled graph, a helper) for `call(n)`."""
+        """A constant callable (a compiled graph, a helper) and its NULL, for `call(n)`."""
+        if V.null_above_callable:
+            inst = self.load_const(fn)
+            self.push_null()
+            return inst
         self.push_null()
         return self.load_const(fn)
 
@@ -186,9 +211,9 @@ class BytecodeBuilder:
 
     def load_method(self, name: str) -> Instruction:
         """obj -> (method, obj) or (NULL, attr): the two slots `call(n)` expects."""
-        if PY312:
+        if V.method_load == "LOAD_ATTR":
             return self.emit("LOAD_ATTR", argval=name, method=True)
-        return self.emit("LOAD_METHOD", argval=name)
+        return self.emit(V.method_load, argval=name)
 
     def store_attr(self, name: str) -> Instruction:
         """Stack: value, obj -> (obj.name = value)."""
@@ -199,14 +224,29 @@ class BytecodeBuilder:
 
     # ------------------------------------------------------------------ calls and functions
     def push_null(self) -> Instruction:
+        """A raw PUSH_NULL: it belongs below the callable before 3.13, above it from 3.13
+        (`push_callable_const` picks the side)."""
         return self.emit("PUSH_NULL")
 
+    def null_before(self) -> None:
+        """Around any code that loads a callable: `null_before(); <load it>; null_after()`
+        puts its NULL on the side this Python wants (below before 3.13, above from 3.13)."""
+        if not V.null_above_callable:
+            self.push_null()
+
+    def null_after(self) -> None:
+        if V.null_above_callable:
+            self.push_null()
+
     def call(self, nargs: int, kw_names: Sequence[str] | None = None) -> Instruction:
-        """Call with NULL|method, callable|self and `nargs` arguments on the stack
+        """Call with the callable's two slots and `nargs` arguments on the stack
         (`nargs` counts keyword arguments too; their names, last ones, in `kw_names`)."""
+        if kw_names and V.kw_call == "CALL_KW":
+            self.load_const(tuple(kw_names))
+            return self.emit("CALL_KW", nargs)
         if kw_names:
             self.emit("KW_NAMES", argval=tuple(kw_names))
-        if PY311:
+        if V.precall:
             self.emit("PRECALL", nargs)
         return self.emit("CALL", nargs)
 
@@ -224,6 +264,11 @@ class BytecodeBuilder:
             self.build_tuple(len(closure_names))
             flags |= 0x08
         self.load_const(code)
+        if V.make_function == "SET_FUNCTION_ATTRIBUTE":
+            inst = self.emit("MAKE_FUNCTION")
+            if flags:
+                self.emit("SET_FUNCTION_ATTRIBUTE", flags)
+            return inst
         return self.emit("MAKE_FUNCTION", flags)
 
     def make_resume_function(self, resume) -> Instruction:
@@ -320,7 +365,7 @@ class BytecodeBuilder:
         return self.emit("RETURN_VALUE")
 
     def return_const(self, value: Any) -> Instruction:
-        if PY312:
+        if V.return_const:
             return self.emit("RETURN_CONST", argval=value)
         self.load_const(value)
         return self.return_value()
@@ -332,8 +377,10 @@ class BytecodeBuilder:
         return self.emit("JUMP", target=label)
 
     def _cond_jump(self, cond: str, label: Label) -> Instruction:
-        if PY312 and label.index is not None:
-            # 3.12's conditional jumps only go forward: skip over a JUMP_BACKWARD instead
+        if V.to_bool and cond in ("FALSE", "TRUE"):
+            self.emit("TO_BOOL")  # 3.13+: the jump itself reads only an exact bool
+        if not V.directional_cond_jumps and label.index is not None:
+            # 3.12+'s conditional jumps only go forward: skip over a JUMP_BACKWARD instead
             inverse = {"FALSE": "TRUE", "TRUE": "FALSE", "NONE": "NOT_NONE", "NOT_NONE": "NONE"}[cond]
             skip = self.new_label()
             inst = self.emit(f"POP_JUMP_IF_{inverse}", target=skip)
@@ -356,15 +403,15 @@ class BytecodeBuilder:
         return self._cond_jump("NOT_NONE", label)
 
     def for_iter(self, exhausted: Label) -> Instruction:
-        """Iterator on TOS: push its next item, or jump to `exhausted` when done. On 3.12
-        the instruction at `exhausted` must be END_FOR (`b.end_for()`), on 3.11 any."""
+        """Iterator on TOS: push its next item, or jump to `exhausted` when done. On 3.12+
+        the instructions at `exhausted` must be the loop exit (`b.end_for()`), on 3.11 any."""
         return self.emit("FOR_ITER", target=exhausted)
 
     def end_for(self) -> None:
-        """The loop exit after FOR_ITER: on 3.12 END_FOR (pops iterator and item);
-        3.11's FOR_ITER already popped the iterator, so nothing is emitted."""
-        if PY312:
-            self.emit("END_FOR")
+        """The loop exit after FOR_ITER, which the exhausted jump steps over: 3.12 END_FOR,
+        3.13 END_FOR + POP_TOP; 3.11's FOR_ITER pops the iterator itself, so nothing."""
+        for op in V.for_iter_exit:
+            self.emit(op)
 
     # ------------------------------------------------------------------ build
     def build(self, template: types.CodeType, name: str, argnames: Sequence[str] | None = None, *,
@@ -379,8 +426,9 @@ class BytecodeBuilder:
         co_argcount, keyword-only and *args/**kwargs); a different `argnames` makes a
         plain positional signature. Cells and free variables default to the template's;
         a prologue (COPY_FREE_VARS, MAKE_CELL, RESUME) is emitted for them in region
-        "prologue". On 3.12 loads of non-argument locals become LOAD_FAST_CHECK, since a
-        plain LOAD_FAST of an unbound local is undefined behaviour there."""
+        "prologue". On 3.12+ loads of non-argument locals become LOAD_FAST_CHECK, since a
+        plain LOAD_FAST of an unbound local is undefined behaviour there (3.13's fused
+        two-local instructions are split for that)."""
         tmpl_nargs = template.co_argcount + template.co_kwonlyargcount + \
             bool(template.co_flags & CO_VARARGS) + bool(template.co_flags & CO_VARKEYWORDS)
         tmpl_args = list(template.co_varnames[:tmpl_nargs])
@@ -424,7 +472,9 @@ class BytecodeBuilder:
                 if lab.index >= len(body):
                     raise AssemblyError(f"label {lab!r} placed after the last instruction")
                 inst.target = body[lab.index]
-            if PY312 and inst.opname == "LOAD_FAST" and inst.argval not in argnames:
+        body = split_fused_locals(body)
+        for inst in body:
+            if not V.fast_load_checks_unbound and inst.opname == "LOAD_FAST" and inst.argval not in argnames:
                 inst.opname = "LOAD_FAST_CHECK"
         insts = prologue + body
         code, layout = assemble_with_layout(

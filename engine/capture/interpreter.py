@@ -29,6 +29,7 @@ from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, need
 from .. import config
 from . import bytecode as bc
 from . import higher_order, numpy_ops, optimizers, scalars
+from .pyversion import V, split_call
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
 from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
@@ -274,7 +275,7 @@ class Frame:
         self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
 
     def END_FOR(self, inst):
-        self.popn(2)
+        self.popn(-dis.stack_effect(dis.opmap["END_FOR"]))  # 3.12: iterator and item; 3.13: one
 
     def LOAD_CONST(self, inst):
         self.push(wrap_constant(inst.argval))
@@ -294,6 +295,21 @@ class Frame:
         self.push(self.locals[name])
 
     LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_LOAD_FAST(self, inst):  # 3.13+: the fused forms run as their two halves
+        first, second = inst.argval
+        self.LOAD_FAST(inst.copy(opname="LOAD_FAST", argval=first))
+        self.LOAD_FAST(inst.copy(opname="LOAD_FAST", argval=second))
+
+    def STORE_FAST_LOAD_FAST(self, inst):
+        first, second = inst.argval
+        self.STORE_FAST(inst.copy(opname="STORE_FAST", argval=first))
+        self.LOAD_FAST(inst.copy(opname="LOAD_FAST", argval=second))
+
+    def STORE_FAST_STORE_FAST(self, inst):
+        first, second = inst.argval
+        self.STORE_FAST(inst.copy(opname="STORE_FAST", argval=first))
+        self.STORE_FAST(inst.copy(opname="STORE_FAST", argval=second))
 
     def LOAD_FAST_AND_CLEAR(self, inst):
         self.push(self.locals.pop(inst.argval, NULL))
@@ -338,13 +354,18 @@ class Frame:
         cell.value = None
 
     def LOAD_GLOBAL(self, inst):
-        if inst.push_null and not bc.PY312:
+        v = self.load_global(inst.argval)
+        if inst.push_null:
+            self.push_with_null(v)
+        else:
+            self.push(v)
+
+    def push_with_null(self, v):
+        """A callable and its NULL, on the side this Python puts it (pyversion)."""
+        if V.null_above_callable:
+            self.push(v)
             self.push(NULL)
-        name = inst.argval
-        self.push(self.load_global(name))
-        if inst.push_null and bc.PY312:
-            # 3.12 pushes NULL below the value too (arg & 1): keep [NULL, value] order
-            v = self.pop()
+        else:
             self.push(NULL)
             self.push(v)
 
@@ -438,14 +459,24 @@ class Frame:
         flags = inst.arg
         spec = self.as_python(self.pop()) if flags & 0x04 else ""
         value = self.pop()
-        conv = flags & 0x03
-        v = specialize(self.as_python(value, what="an f-string value"))  # a size, not its symbol
-        if conv == 1:
-            v = str(v)
-        elif conv == 2:
-            v = repr(v)
-        elif conv == 3:
-            v = ascii(v)
+        v = self._convert(specialize(self.as_python(value, what="an f-string value")), flags & 0x03)
+        self.push(ConstantVariable(format(v, spec)))
+
+    @staticmethod
+    def _convert(v, conv: int):
+        return str(v) if conv == 1 else repr(v) if conv == 2 else ascii(v) if conv == 3 else v
+
+    def CONVERT_VALUE(self, inst):  # 3.13+: f"{x!r}"
+        v = specialize(self.as_python(self.pop(), what="an f-string value"))
+        self.push(ConstantVariable(self._convert(v, inst.arg)))
+
+    def FORMAT_SIMPLE(self, inst):
+        v = specialize(self.as_python(self.pop(), what="an f-string value"))
+        self.push(ConstantVariable(v if isinstance(v, str) else format(v, "")))
+
+    def FORMAT_WITH_SPEC(self, inst):
+        spec = self.as_python(self.pop())
+        v = specialize(self.as_python(self.pop(), what="an f-string value"))
         self.push(ConstantVariable(format(v, spec)))
 
     def LIST_APPEND(self, inst):
@@ -576,14 +607,15 @@ class Frame:
 
     def LOAD_ATTR(self, inst):
         obj = self.pop()
-        if inst.is_method_load:
-            self.push(NULL)
-        self.push(self.getattr(obj, inst.argval))
+        attr = self.getattr(obj, inst.argval)
+        if inst.is_method_load:  # the bound attribute and a NULL (never [function, self])
+            self.push_with_null(attr)
+        else:
+            self.push(attr)
 
     def LOAD_METHOD(self, inst):
         obj = self.pop()
-        self.push(NULL)
-        self.push(self.getattr(obj, inst.argval))
+        self.push_with_null(self.getattr(obj, inst.argval))
 
     def LOAD_SUPER_ATTR(self, inst):
         self_vt = self.pop()
@@ -592,8 +624,9 @@ class Frame:
         sup = SuperVariable(self.as_python(cls), self_vt)
         attr = self.getattr(sup, inst.argval)
         if inst.flags & 1:
-            self.push(NULL)
-        self.push(attr)
+            self.push_with_null(attr)
+        else:
+            self.push(attr)
 
     def STORE_ATTR(self, inst):
         obj = self.pop()
@@ -625,7 +658,10 @@ class Frame:
     def COMPARE_OP(self, inst):
         b = self.pop()
         a = self.pop()
-        self.push(self.binary(COMPARE_OPS[inst.argval], a, b))
+        r = self.binary(COMPARE_OPS[inst.argval], a, b)
+        if V.to_bool and inst.arg & 16 and not isinstance(r, TensorVariable):
+            r = ConstantVariable(self.truth(r))  # 3.13: a TO_BOOL folded into the compare
+        self.push(r)
 
     def IS_OP(self, inst):
         b = self.pop()
@@ -650,6 +686,16 @@ class Frame:
 
     def UNARY_NOT(self, inst):
         self.push(ConstantVariable(not self.truth(self.pop())))
+
+    def TO_BOOL(self, inst):
+        """3.13+: bool(TOS) before a conditional jump or `not`. A tensor stays as it is, so
+        the jump (or `not`) that reads it breaks the graph with the value in hand, as on
+        3.12; anything else is converted here (a break here runs bool() eagerly)."""
+        v = self.stack[-1]
+        if isinstance(v, TensorVariable):
+            return
+        self.pop()
+        self.push(ConstantVariable(self.truth(v)))
 
     def GET_LEN(self, inst):
         self.push(ConstantVariable(len(self.unpack(self.stack[-1]))))
@@ -714,8 +760,9 @@ class Frame:
         if v is None:
             self.pop()
             self.jump(inst)
-            if bc.PY312 and self.insts[self.ip].opname == "END_FOR":
-                self.ip += 1
+            exit_ops = V.for_iter_exit  # the loop exit the exhausted jump steps over (3.12+)
+            if exit_ops and self.insts[self.ip].opname == exit_ops[0]:
+                self.ip += len(exit_ops)
         else:
             self.push(v)
 
@@ -804,36 +851,40 @@ class Frame:
     # ------------------------------------------------------------------ functions
 
     def MAKE_FUNCTION(self, inst):
-        flags = inst.arg
         code = self.pop()
-        if not bc.PY312 and isinstance(code, ConstantVariable) and isinstance(code.value, str):
-            qualname = code.value
-            code = self.pop()
-        else:
-            qualname = None
         code = code.value if isinstance(code, (ConstantVariable, ObjectVariable)) else code
-        closure = self.pop().items if flags & 0x08 else None
-        if flags & 0x04:
-            self.pop()
-        kwdefaults = self.pop() if flags & 0x02 else None
-        defaults = self.pop() if flags & 0x01 else None
-        self.push(NestedFunctionVariable(code, self.f_globals, self.globals_source, qualname or code.co_qualname,
-                                         defaults, kwdefaults, tuple(closure) if closure else None,
-                                         self.f_globals.get("__name__")))
+        fn = NestedFunctionVariable(code, self.f_globals, self.globals_source, code.co_qualname,
+                                    None, None, None, self.f_globals.get("__name__"))
+        if V.make_function == "oparg":  # the attributes sit below the code object
+            for flag in (0x08, 0x04, 0x02, 0x01):
+                if inst.arg & flag:
+                    self._set_function_attribute(fn, flag, self.pop())
+        self.push(fn)
+
+    def SET_FUNCTION_ATTRIBUTE(self, inst):  # 3.13+: [attribute, function] -> function
+        fn = self.pop()
+        self._set_function_attribute(fn, inst.arg, self.pop())
+        self.push(fn)
+
+    @staticmethod
+    def _set_function_attribute(fn, flag: int, value):
+        if flag == 0x08:
+            fn.closure = tuple(value.items) if value.items else None
+        elif flag == 0x02:
+            fn.kwdefaults = value
+        elif flag == 0x01:
+            fn.defaults = value
+        elif flag != 0x04:  # annotations are not used by the trace
+            raise GraphBreak("GB0011", f"function attribute {flag:#x}")
 
     def KW_NAMES(self, inst):
         self.kw_names = tuple(inst.argval)
 
     def CALL(self, inst):
-        argc = inst.arg
-        args = self.popn(argc)
-        fn_or_self = self.pop()
-        null_or_fn = self.pop()
-        if isinstance(null_or_fn, NullVariable):
-            fn = fn_or_self
-        else:
-            fn = null_or_fn
-            args = [fn_or_self] + args
+        args = self.popn(inst.arg)
+        fn, self_vt = split_call(self.popn(2), lambda v: isinstance(v, NullVariable))
+        if self_vt is not None:
+            args = [self_vt] + args
         kw = self.kw_names
         self.kw_names = ()
         kwargs = {}
@@ -842,15 +893,18 @@ class Frame:
             args = args[:len(args) - len(kw)]
         self.push(self.call(fn, args, kwargs))
 
+    def CALL_KW(self, inst):  # 3.13+: the keyword names are a tuple pushed last
+        self.kw_names = tuple(self.as_python(self.pop()))
+        self.CALL(inst)
+
     def CALL_FUNCTION_EX(self, inst):
+        slots = self.stack[len(self.stack) - 3 - (inst.arg & 1):][:2]
+        fn, self_vt = split_call(slots, lambda v: isinstance(v, NullVariable))
+        if self_vt is not None:  # not something CPython's compiler emits
+            raise GraphBreak("GB0011", "CALL_FUNCTION_EX without NULL")
         kwargs = self.dict_items(self.pop()) if inst.arg & 1 else {}
         args = self.unpack(self.pop())
-        fn = self.pop()
-        null = self.pop()
-        if not isinstance(null, NullVariable):
-            # 3.11 pushes NULL before the callable; anything else is the callable itself
-            self.push(null)
-            raise GraphBreak("GB0011", "CALL_FUNCTION_EX without NULL")
+        self.popn(2)
         self.push(self.call(fn, list(args), {str(k): v for k, v in kwargs.items()}))
 
     # ================================================================== semantics

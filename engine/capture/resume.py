@@ -35,8 +35,10 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .bytecode import (PY312, Instruction, assemble_with_layout, create_instruction, decode,
+from .bytecode import (FUSED_LOCAL_OPS, Instruction, assemble_with_layout, create_instruction, decode,
                        offset_map, retarget, stack_depths)
+from .bytecode_builder import split_fused_locals
+from .pyversion import V
 
 _REFUSED_FLAGS = {
     inspect.CO_GENERATOR: "generator",
@@ -148,14 +150,16 @@ def _make(code, offset, stack_depth, live_locals, name, nulls, inside_handlers=F
         body_src = body_src[1:]
     copies = {id(i): i.copy() for i in body_src}
     retarget(copies.values(), lambda inst: copies[id(inst)])
-    for new in copies.values():
-        # 3.12's LOAD_FAST does not check for an unbound local; anything not passed may be
-        if PY312 and new.opname == "LOAD_FAST" and new.argval not in argnames:
-            new.opname = "LOAD_FAST_CHECK"
     if id(where) not in copies:
         raise ValueError(f"{at} is in the frame prologue ({where.opname}); nothing to resume yet")
-    body = [copies[id(i)] for i in body_src]
     target = copies[id(where)]
+    # 3.13's fused two-local loads do not check for unbound locals, and the arguments
+    # put more locals before them (a fused index must stay below 16): split them.
+    body = split_fused_locals([copies[id(i)] for i in body_src])
+    for new in body:
+        # 3.12+'s LOAD_FAST does not check for an unbound local; anything not passed may be
+        if not V.fast_load_checks_unbound and new.opname == "LOAD_FAST" and new.argval not in argnames:
+            new.opname = "LOAD_FAST_CHECK"
 
     prologue: list[Instruction] = []
     if new_freevars:
@@ -233,10 +237,13 @@ def live_locals(code: types.CodeType, offset: int) -> list[str]:
             s.append(index[id(inst.exn_tab_entry.target)])
         succ.append(s)
         r, w = set(), set()
-        if inst.opname in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"):
-            r.add(inst.argval)
-        elif inst.opname == "STORE_FAST":
-            w.add(inst.argval)
+        ops = FUSED_LOCAL_OPS.get(inst.opname)
+        for op, name in zip(ops, inst.argval) if ops else [(inst.opname, inst.argval)]:
+            if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"):
+                if name not in w:  # STORE_FAST_LOAD_FAST (q, q) reads what it just wrote
+                    r.add(name)
+            elif op == "STORE_FAST":
+                w.add(name)
         reads.append(r)
         kills.append(w)
     live_in: list[set] = [set() for _ in range(n)]
@@ -269,6 +276,8 @@ STEP_OPERANDS = {
     "IS_OP": 2, "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1, "UNARY_INVERT": 1, "UNARY_NOT": 1,
     "STORE_ATTR": 2, "STORE_SUBSCR": 3, "DELETE_SUBSCR": 2, "DELETE_ATTR": 1, "BINARY_SLICE": 3, "STORE_SLICE": 4,
     "BUILD_STRING": None, "FORMAT_VALUE": None, "LIST_TO_TUPLE": 1,
+    # 3.13+: bool conversion before a jump or `not`, and f-string pieces
+    "TO_BOOL": 1, "CONVERT_VALUE": 1, "FORMAT_SIMPLE": 1, "FORMAT_WITH_SPEC": 2,
 }
 _PUSHES_NOTHING = ("STORE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR", "DELETE_ATTR", "STORE_SLICE")
 _STEP_FUNCTIONS: dict = {}

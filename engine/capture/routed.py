@@ -7,10 +7,12 @@ bytecode, and nothing it calls would compile. Its routed copy is the same byteco
 every call going through the engine's trampoline, so its callees compile as a
 frame-evaluation hook would have seen them.
 
-How: the slot below a call's callable (NULL, or the function of a method load) becomes
-the trampoline, so `CALL n` on `[trampoline, callable, *args]` runs
-`trampoline(callable, *args)`:
-- `PUSH_NULL` and `LOAD_GLOBAL`'s NULL push the trampoline instead;
+How: a call's two slots become `[trampoline, callable]`, so `CALL n` on
+`[trampoline, callable, *args]` runs `trampoline(callable, *args)` on every version (a
+method call's [method, self] reads the same way):
+- `PUSH_NULL` pushes the trampoline instead (before 3.13 it comes before the callable;
+  from 3.13 after it, so the trampoline is swapped below it), and `LOAD_GLOBAL`'s NULL
+  becomes the trampoline pushed before the global;
 - method loads (`LOAD_METHOD`, 3.12's method `LOAD_ATTR` / `LOAD_SUPER_ATTR`) load the
   bound attribute with the trampoline below it;
 - `CALL_FUNCTION_EX` (which drops the slot below without releasing it) becomes a `CALL`
@@ -25,6 +27,7 @@ import types
 
 from . import bytecode as bc
 from .bytecode import create_instruction
+from .pyversion import V
 
 _CODES: dict = {}   # (code, options key) -> routed code
 
@@ -65,20 +68,22 @@ def routed_code(code: types.CodeType, trampoline) -> types.CodeType:
         return create_instruction("LOAD_CONST", argval=v)
 
     def call(n):
-        return ([create_instruction("PRECALL", arg=n)] if bc.PY311 else []) + [create_instruction("CALL", arg=n)]
+        return ([create_instruction("PRECALL", arg=n)] if V.precall else []) + [create_instruction("CALL", arg=n)]
 
     for inst in insts:
         op = inst.opname
-        if op == "PUSH_NULL":
+        if op == "PUSH_NULL" and V.null_above_callable:
+            emit([const(trampoline), create_instruction("SWAP", arg=2)], inst)
+        elif op == "PUSH_NULL":
             emit([const(trampoline)], inst)
         elif op == "LOAD_GLOBAL" and inst.flags & 1:
             emit([const(trampoline), inst.copy(flags=inst.flags & ~1)], inst)
         elif op == "LOAD_METHOD":
             emit([const(trampoline), create_instruction("SWAP", arg=2),
                   inst.copy(opname="LOAD_ATTR", flags=0)], inst)
-        elif bc.PY312 and op == "LOAD_ATTR" and inst.flags & 1:
+        elif op == "LOAD_ATTR" and inst.is_method_load:
             emit([const(trampoline), create_instruction("SWAP", arg=2), inst.copy(flags=inst.flags & ~1)], inst)
-        elif bc.PY312 and op == "LOAD_SUPER_ATTR" and inst.flags & 1:
+        elif op == "LOAD_SUPER_ATTR" and inst.flags & 1:
             emit([inst.copy(flags=inst.flags & ~1), const(trampoline), create_instruction("SWAP", arg=2)], inst)
         elif op == "CALL_FUNCTION_EX":
             # [t, fn, args(, kwargs)] -> [t, spread, fn, args, kwargs]: t(spread, fn, args, kwargs)

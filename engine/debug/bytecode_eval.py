@@ -5,7 +5,8 @@ frame's stack from Python).
 `EvalFrame(fn, args, kwargs)` binds the arguments the way CPython would; `step()` runs
 one instruction with real values and real calls (the compiled graph, the trampoline, a
 resume function, `print`, ...). It supports the opcodes the engine's code generators emit
-and the common ones of copied original code on CPython 3.11 and 3.12; `check_supported`
+and the common ones of copied original code on the CPython versions the capture knows
+(engine/capture/pyversion.py says how they differ; this module reads that table); `check_supported`
 says up front when a code object uses anything else (generators, unknown opcodes),
 so the caller can run that frame with a real call instead. try/except/with blocks follow
 the exception table as CPython does; `sys.exc_info()` inside a handler still reports the
@@ -24,11 +25,12 @@ import sys
 import types
 from typing import Any, Optional
 
-from ..capture.bytecode import PY312, Instruction, decode
+from ..capture.bytecode import FUSED_LOCAL_OPS, Instruction, decode
+from ..capture.pyversion import V, split_call
 
 
 class _Null:
-    """The NULL CPython pushes below a callable (PUSH_NULL, LOAD_GLOBAL's low bit)."""
+    """The NULL CPython pushes beside a callable (PUSH_NULL, LOAD_GLOBAL's low bit)."""
 
     _instance = None
 
@@ -72,16 +74,21 @@ _FRAME_READERS = {locals, vars, dir, sys._getframe, inspect.currentframe}
 _METHOD_TYPES = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
 
 
+def _with_null(v) -> list:
+    """A callable and its NULL, on the side this Python puts it."""
+    return [v, NULL] if V.null_above_callable else [NULL, v]
+
+
 def _load_method(obj, name):
-    """What LOAD_METHOD / 3.12 LOAD_ATTR(method) push: (function, self) when the attribute
-    is a plain method found on the type, else (NULL, the attribute)."""
+    """What LOAD_METHOD / 3.12+ LOAD_ATTR(method) push: (function, self) when the attribute
+    is a plain method found on the type, else the attribute and a NULL."""
     tattr = inspect.getattr_static(type(obj), name, None) if not isinstance(obj, type) else None
     if isinstance(tattr, _METHOD_TYPES):
         inst_dict = getattr(obj, "__dict__", None)
         if not (isinstance(inst_dict, dict) and name in inst_dict) and \
                 type(obj).__getattribute__ is object.__getattribute__:
             return [tattr, obj]
-    return [NULL, getattr(obj, name)]
+    return _with_null(getattr(obj, name))
 
 
 class EvalFrame:
@@ -229,7 +236,7 @@ class EvalFrame:
         self.stack[-1], self.stack[-n] = self.stack[-n], self.stack[-1]
 
     def op_END_FOR(self, inst):
-        self.popn(2)
+        self.popn(-dis.stack_effect(dis.opmap["END_FOR"]))  # 3.12: iterator and item; 3.13: one
 
     # ------------------------------------------------------------------ locals, cells, globals
     def op_LOAD_CONST(self, inst): self.push(inst.argval)
@@ -241,6 +248,12 @@ class EvalFrame:
         self.push(self.fast[name])
 
     op_LOAD_FAST_CHECK = op_LOAD_FAST
+
+    def _fused(self, inst):  # 3.13+: LOAD_FAST_LOAD_FAST & co run as their two halves
+        for op, name in zip(FUSED_LOCAL_OPS[inst.opname], inst.argval):
+            getattr(self, "op_" + op)(inst.copy(opname=op, argval=name))
+
+    op_LOAD_FAST_LOAD_FAST = op_STORE_FAST_LOAD_FAST = op_STORE_FAST_STORE_FAST = _fused
 
     def op_LOAD_FAST_AND_CLEAR(self, inst):
         self.push(self.fast.pop(inst.argval, NULL))
@@ -274,9 +287,11 @@ class EvalFrame:
         del self.cells[inst.argval].cell_contents
 
     def op_LOAD_GLOBAL(self, inst):
+        v = self.load_global(inst.argval)
         if inst.flags & 1:
-            self.push(NULL)
-        self.push(self.load_global(inst.argval))
+            self.stack.extend(_with_null(v))
+        else:
+            self.push(v)
 
     def op_STORE_GLOBAL(self, inst):
         self.globals[inst.argval] = self.pop()
@@ -290,7 +305,7 @@ class EvalFrame:
     # ------------------------------------------------------------------ attributes and items
     def op_LOAD_ATTR(self, inst):
         obj = self.pop()
-        if PY312 and inst.flags & 1:
+        if inst.is_method_load:
             self.stack.extend(_load_method(obj, inst.argval))
         else:
             self.push(getattr(obj, inst.argval))
@@ -305,8 +320,9 @@ class EvalFrame:
         sup = global_super(cls, self_obj) if inst.flags & 2 else self.call(global_super, [], {})
         attr = getattr(sup, inst.argval)
         if inst.flags & 1:
-            self.push(NULL)
-        self.push(attr)
+            self.stack.extend(_with_null(attr))
+        else:
+            self.push(attr)
 
     def op_STORE_ATTR(self, inst):
         obj = self.pop()
@@ -428,6 +444,17 @@ class EvalFrame:
             v = conv(v)
         self.push(format(v, spec))
 
+    def op_CONVERT_VALUE(self, inst):  # 3.13+ f-strings: CONVERT_VALUE, FORMAT_SIMPLE, FORMAT_WITH_SPEC
+        self.push(_CONVERSIONS[inst.arg](self.pop()))
+
+    def op_FORMAT_SIMPLE(self, inst):
+        v = self.pop()
+        self.push(v if type(v) is str else format(v, ""))
+
+    def op_FORMAT_WITH_SPEC(self, inst):
+        spec = self.pop()
+        self.push(format(self.pop(), spec))
+
     # ------------------------------------------------------------------ operators
     def op_BINARY_OP(self, inst):
         b = self.pop()
@@ -437,8 +464,9 @@ class EvalFrame:
     def op_COMPARE_OP(self, inst):
         b = self.pop()
         a = self.pop()
-        op = inst.argval if isinstance(inst.argval, str) else dis.cmp_op[inst.arg >> 4 if PY312 else inst.arg]
-        self.push(_COMPARE[op](a, b))
+        op = inst.argval if isinstance(inst.argval, str) else dis.cmp_op[inst.arg >> V.compare_shift]
+        r = _COMPARE[op](a, b)
+        self.push(bool(r) if V.to_bool and inst.arg & 16 else r)  # 3.13: a TO_BOOL folded in
 
     def op_IS_OP(self, inst):
         b = self.pop()
@@ -454,6 +482,7 @@ class EvalFrame:
     def op_UNARY_POSITIVE(self, inst): self.push(+self.pop())
     def op_UNARY_INVERT(self, inst): self.push(~self.pop())
     def op_UNARY_NOT(self, inst): self.push(not self.pop())
+    def op_TO_BOOL(self, inst): self.push(bool(self.pop()))
 
     def op_GET_LEN(self, inst):
         self.push(len(self.stack[-1]))
@@ -500,8 +529,9 @@ class EvalFrame:
         except StopIteration:
             self.pop()
             self.jump_to(inst)
-            if PY312 and self.instructions[self.pc].opname == "END_FOR":
-                self.pc += 1  # 3.12 pops the iterator and skips END_FOR
+            exit_ops = V.for_iter_exit  # 3.12+ pops the iterator and steps over the loop exit
+            if exit_ops and self.instructions[self.pc].opname == exit_ops[0]:
+                self.pc += len(exit_ops)
 
     def op_RAISE_VARARGS(self, inst):
         if inst.arg == 0:
@@ -551,12 +581,9 @@ class EvalFrame:
 
     def op_CALL(self, inst):
         args = self.popn(inst.arg)
-        fn_or_self = self.pop()
-        null_or_fn = self.pop()
-        if null_or_fn is NULL:
-            fn = fn_or_self
-        else:
-            fn, args = null_or_fn, [fn_or_self] + args
+        fn, self_obj = split_call(self.popn(2), lambda v: v is NULL)
+        if self_obj is not None:
+            args = [self_obj] + args
         kw, self.kw_names = self.kw_names, ()
         kwargs = {}
         if kw:
@@ -564,30 +591,48 @@ class EvalFrame:
             args = args[:len(args) - len(kw)]
         self.push(self.call(fn, args, kwargs))
 
+    def op_CALL_KW(self, inst):  # 3.13+: the keyword names are a tuple pushed last
+        self.kw_names = tuple(self.pop())
+        self.op_CALL(inst)
+
     def op_CALL_FUNCTION_EX(self, inst):
         kwargs = self.pop() if inst.arg & 1 else {}
         args = self.pop()
-        fn = self.pop()
-        below = self.pop()
-        if below is not NULL:  # not emitted by CPython's compiler; keep the slot as found
-            self.push(below)
+        fn, self_obj = split_call(self.popn(2), lambda v: v is NULL)
+        if self_obj is not None:  # not emitted by CPython's compiler; keep the slot as found
+            self.push(fn)
+            fn = self_obj
         self.push(self.call(fn, list(args), dict(kwargs)))
 
     def op_MAKE_FUNCTION(self, inst):
         code = self.pop()
-        flags = inst.arg
-        closure = self.pop() if flags & 0x08 else None
-        annotations = self.pop() if flags & 0x04 else None
-        kwdefaults = self.pop() if flags & 0x02 else None
-        defaults = self.pop() if flags & 0x01 else None
-        f = types.FunctionType(code, self.globals, code.co_name, defaults, closure)
+        # empty cells until the closure is set (a function of free variables needs one)
+        f = types.FunctionType(code, self.globals, code.co_name, None,
+                               tuple(types.CellType() for _ in code.co_freevars) or None)
         f.__qualname__ = code.co_qualname
-        if kwdefaults is not None:
-            f.__kwdefaults__ = kwdefaults
-        if annotations is not None:
-            f.__annotations__ = dict(zip(annotations[::2], annotations[1::2])) \
-                if isinstance(annotations, tuple) else annotations
+        if V.make_function == "oparg":  # the attributes sit below the code object
+            for flag in (0x08, 0x04, 0x02, 0x01):
+                if inst.arg & flag:
+                    f = _set_function_attribute(f, flag, self.pop())
         self.push(f)
+
+    def op_SET_FUNCTION_ATTRIBUTE(self, inst):  # 3.13+: [attribute, function] -> function
+        f = self.pop()
+        self.push(_set_function_attribute(f, inst.arg, self.pop()))
+
+
+def _set_function_attribute(f: types.FunctionType, flag: int, value) -> types.FunctionType:
+    if flag == 0x08:  # a closure can only be given at creation
+        g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, value)
+        g.__qualname__, g.__kwdefaults__, g.__annotations__ = f.__qualname__, f.__kwdefaults__, f.__annotations__
+        return g
+    if flag == 0x04:
+        f.__annotations__ = dict(zip(value[::2], value[1::2])) if isinstance(value, tuple) else value
+    elif flag == 0x02:
+        f.__kwdefaults__ = value
+    elif flag == 0x01:
+        f.__defaults__ = value
+    return f
 
 
 _HANDLED = frozenset(name[3:] for name in dir(EvalFrame) if name.startswith("op_"))
