@@ -105,10 +105,31 @@ def compile(fn=None, *, backend="inductor", fullgraph: bool = False, dynamic: Op
                                  options=options, disable=disable)
     if disable:
         return fn
+    if not _python_supported():
+        return fn
     opts = _options(backend, fullgraph, dynamic, mode, options)
     if isinstance(fn, torch.nn.Module):
         return OptimizedModule(fn, opts)
     return _wrap_function(fn, opts)
+
+
+def _python_supported() -> bool:
+    """On a CPython the capture has no table for (engine/capture/pyversion.py): raise
+    UnsupportedPython naming it and the supported versions, or, with suppress_errors,
+    say so once and let the function run eagerly."""
+    from . import config
+    from .capture import pyversion
+
+    if pyversion.CURRENT is not None:
+        return True
+    msg = pyversion.unsupported_message()
+    if not config.suppress_errors:
+        raise pyversion.UnsupportedPython(msg)
+    if "unsupported_python" not in _warned:
+        _warned.add("unsupported_python")
+        observe.log("dynamo", logging.WARNING, "%s; suppress_errors=True: running eagerly", msg)
+        warnings.warn(f"{msg} suppress_errors=True: compiled functions run eagerly", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def reset() -> None:
