@@ -325,7 +325,8 @@ def test_a_module_with_hooks_still_compiles_its_forward():
         return m(x).sum()
 
     x = torch.randn(2, 4)
-    assert explain(step, x).graph_count >= 2     # the Linear's forward is a graph of its own
+    out = explain(step, x)                       # the hook is traced with the forward: one graph
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
     seen.clear()
     engine.reset()
     torch.testing.assert_close(engine.compile(step, backend="eager")(x), step(x))
@@ -452,3 +453,70 @@ def test_context_managers_enums_typing_and_masked_attention_in_one_graph():
     out = explain(fn, x)
     assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
     same(fn, x)
+
+
+def test_module_hooks_are_traced_into_the_graph(events):
+    lin = torch.nn.Linear(4, 4)
+    calls = []
+
+    def scale_input(module, args):          # a pre-hook that replaces the input
+        return (args[0] * 2,)
+
+    def add_kw(module, args, kwargs):         # a pre-hook with kwargs
+        return args, kwargs
+
+    def shift_output(module, args, output):  # a forward hook that replaces the output
+        return output + 1
+
+    def watch(module, args, output):          # one that only looks
+        calls.append("seen")
+
+    handles = [lin.register_forward_pre_hook(scale_input), lin.register_forward_pre_hook(add_kw, with_kwargs=True),
+               lin.register_forward_hook(shift_output), lin.register_forward_hook(watch)]
+
+    def fn(x):
+        return lin(x).relu()
+
+    x = torch.randn(3, 4)
+    out = explain(fn, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    engine.reset()
+    compiled = engine.compile(fn, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), fn(x))
+    handles[2].remove()                       # a hook removed after compiling: the guard sees it
+    torch.testing.assert_close(compiled(x), fn(x))
+    lin.register_full_backward_hook(lambda m, gi, go: None)
+    out = explain(fn, x)
+    assert any("backward hooks" in str(b.reason) for b in out.break_reasons)
+
+
+def test_a_partial_made_in_the_trace_is_called_through():
+    def fn(x, scale):
+        f = functools.partial(torch.mul, other=scale)
+        return f(x) + functools.partial(torch.add, x)(1)
+
+    out = explain(fn, torch.ones(2), 3.0)
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    same(fn, torch.ones(2), 3.0)
+
+
+def test_huggingface_gradient_checkpointing_compiles_whole():
+    pytest.importorskip("transformers")
+    from tests.zoo import models
+    model, inputs = models.build("GPT2LMHeadModel", "train")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    twin = copy.deepcopy(model)
+
+    def loss(m):
+        return m(**inputs).loss
+
+    out = explain(loss, model)
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    engine.reset()
+    expected = loss(model)
+    got = engine.compile(loss, backend="aot_eager")(twin)
+    torch.testing.assert_close(got, expected)
+    grads = torch.autograd.grad(got, list(twin.parameters()))
+    want = torch.autograd.grad(expected, list(model.parameters()))
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

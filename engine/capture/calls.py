@@ -29,9 +29,10 @@ from .containers import dict_update
 from .graph_breaks import GraphBreak
 from .source import GetItemSource, ModuleGlobalSource, AttrSource
 from .tensor_ops import PURE_MODULES, convertible, is_torch_op
-from .variables import (AutocastVariable, CellVariable, ConstantVariable, DictVariable, ExceptionVariable,
-                        FunctionVariable, GradModeVariable, IteratorVariable, ListVariable, NestedFunctionVariable,
-                        ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable, BoundMethodVariable)
+from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
+                        ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
+                        NestedFunctionVariable, ObjectVariable, PartialVariable, SetVariable, SuperVariable,
+                        TensorVariable, TupleVariable)
 
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
@@ -364,12 +365,8 @@ def call_module(tx, mv: ObjectVariable, args, kwargs):
         inner = m._orig_mod
         return call_module(tx, tx.out.builder.wrap(inner, AttrSource(mv.source, "_orig_mod")) if mv.source
                            else tx.out.builder.wrap_sourceless(inner), args, kwargs)
-    from torch.nn.modules import module as module_mod
-    if m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None) or \
-            getattr(m, "_backward_pre_hooks", None) or module_mod._global_forward_hooks or \
-            module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks or \
-            getattr(module_mod, "_global_backward_pre_hooks", None):
-        raise GraphBreak("GB0014", type(m).__name__)
+    if _has_hooks(m):
+        return call_module_hooks_checked(tx, mv, args, kwargs)
     if type(m).__call__ is not torch.nn.Module.__call__ and isinstance(type(m).__call__, types.FunctionType) and \
             not _is_torch(type(m).__call__):
         return call_python_function(tx, type(m).__call__, [mv] + list(args), kwargs, None)
@@ -379,15 +376,54 @@ def call_module(tx, mv: ObjectVariable, args, kwargs):
 _MODULE_CALLS = {torch.nn.Module.__call__, torch.nn.Module._call_impl}
 
 
+def _has_hooks(m) -> bool:
+    from torch.nn.modules import module as module_mod
+    return bool(m._forward_hooks or m._forward_pre_hooks or getattr(m, "_backward_hooks", None) or
+                getattr(m, "_backward_pre_hooks", None) or module_mod._global_forward_hooks or
+                module_mod._global_forward_pre_hooks or module_mod._global_backward_hooks or
+                getattr(module_mod, "_global_backward_pre_hooks", None))
+
+
 def call_module_hooks_checked(tx, mv, args, kwargs):
-    """`super().__call__(...)` from a module class's own __call__: nn.Module's call itself."""
+    """nn.Module's call itself (also `super().__call__(...)` from a module class's own
+    __call__): forward pre-hooks, forward, forward hooks, traced as Module._call_impl runs
+    them. The hook dicts are guarded (their keys, and each hook by identity); backward hooks
+    and global hooks are a graph break."""
     from torch.nn.modules import module as module_mod
     m = mv.value
-    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks or \
-            module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks or \
-            module_mod._global_backward_hooks or module_mod._global_backward_pre_hooks:
-        raise GraphBreak("GB0014", type(m).__name__)
-    return inline_forward(tx, mv, args, kwargs)
+    if not _has_hooks(m):
+        return inline_forward(tx, mv, args, kwargs)
+    name = type(m).__name__
+    if getattr(m, "_backward_hooks", None) or getattr(m, "_backward_pre_hooks", None) or \
+            module_mod._global_backward_hooks or getattr(module_mod, "_global_backward_pre_hooks", None):
+        raise GraphBreak("GB0014", f"{name} with backward hooks")
+    if module_mod._global_forward_hooks or module_mod._global_forward_pre_hooks or mv.source is None:
+        raise GraphBreak("GB0014", f"{name} with global forward hooks" if mv.source is not None
+                         else f"{name} (a module the capture cannot guard) with hooks")
+    args = list(args)
+    kwargs = dict(kwargs)
+    pre = tx.getattr(mv, "_forward_pre_hooks")
+    for hid, hook in list(pre.items.items()):
+        if hid in m._forward_pre_hooks_with_kwargs:
+            r = tx.call(hook, [mv, TupleVariable(args), DictVariable(kwargs)], {})
+            if not (isinstance(r, ConstantVariable) and r.value is None):
+                if not (isinstance(r, TupleVariable) and len(r.items) == 2 and isinstance(r.items[1], DictVariable)):
+                    raise GraphBreak("GB0014", f"{name}: a forward pre-hook with kwargs that returns {type(r).__name__}")
+                args, kwargs = list(tx.unpack(r.items[0])), dict(r.items[1].items)
+        else:
+            r = tx.call(hook, [mv, TupleVariable(args)], {})
+            if not (isinstance(r, ConstantVariable) and r.value is None):
+                args = list(r.items) if isinstance(r, TupleVariable) else [r]
+    result = inline_forward(tx, mv, args, kwargs)
+    post = tx.getattr(mv, "_forward_hooks")
+    for hid, hook in list(post.items.items()):
+        if hid in m._forward_hooks_with_kwargs:
+            r = tx.call(hook, [mv, TupleVariable(args), DictVariable(kwargs), result], {})
+        else:
+            r = tx.call(hook, [mv, TupleVariable(args), result], {})
+        if not (isinstance(r, ConstantVariable) and r.value is None):
+            result = r
+    return result
 
 
 def inline_forward(tx, mv: ObjectVariable, args, kwargs):
@@ -415,6 +451,8 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
         return GradModeVariable(bool(mode), prev, True)
     if cls is torch.inference_mode:
         raise GraphBreak("GB0011", "torch.inference_mode")
+    if cls is functools.partial and args:
+        return PartialVariable(args[0], args[1:], kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):
         # built for real (it only validates its arguments), entered by BEFORE_WITH
         ctx = cls(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})

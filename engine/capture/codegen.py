@@ -11,6 +11,7 @@ mutation never changes what another output reads."""
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import types
 from typing import Any
@@ -22,10 +23,10 @@ from .autocast import AutocastExit
 from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, python_expr
-from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable, DictViewVariable,
-                        ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
-                        NestedFunctionVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable,
-                        VariableTracker, WithExitVariable)
+from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
+                        DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
+                        ListVariable, NestedFunctionVariable, ObjectVariable, PartialVariable, SetVariable,
+                        TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 
 def _new_object(cls, attrs, items=None):
@@ -168,6 +169,11 @@ class CodeGen:
             # the exit of a grad-mode with block split by the break: restores the mode from before it
             self.ns["___GradModeExit"] = GradModeExit
             return f"___GradModeExit({bool(vt.ctx.prev)!r})"
+        if isinstance(vt, PartialVariable):
+            self.ns["___partial"] = functools.partial
+            parts = [self.expr(vt.func)] + [self.expr(a) for a in vt.args] + \
+                [f"{k}={self.expr(v)}" for k, v in vt.kwargs.items()]
+            return f"___partial({', '.join(parts)})"
         if isinstance(vt, WithExitVariable) and isinstance(vt.ctx, AutocastVariable):
             # the exit of a split autocast block: back to the state from before it
             self.ns["___AutocastExit"] = AutocastExit

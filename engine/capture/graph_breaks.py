@@ -93,8 +93,8 @@ KINDS: list[GraphBreakKind] = [
         "Call a plain function or method instead, or wrap the call in `@engine.disable`."),
     GraphBreakKind(
         "GB0014", "nn.Module with hooks",
-        "The module (or the global module registry) has forward hooks or pre-hooks, whose "
-        "effects are not traced.",
+        "The module has backward hooks, or the global module registry has hooks (a module's own "
+        "forward hooks and pre-hooks are traced with its forward).",
         "Remove the hooks while compiling, or compile the module's forward directly."),
     GraphBreakKind(
         "GB0015", "Exception raised while tracing",

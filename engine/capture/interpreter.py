@@ -38,8 +38,8 @@ from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS,
                          is_torch_op)
 from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
-                        ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable,
-                        VariableTracker, WithExitVariable)
+                        ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, PartialVariable,
+                        SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 MAX_INLINE_DEPTH = 48
 MAX_STEPS = 300_000
@@ -1673,6 +1673,10 @@ class Frame:
                 pass
 
     def tensor_method(self, t: TensorVariable, name: str, args, kwargs):
+        if name == "requires_grad_" and len(args) + len(kwargs) <= 1:
+            flag = self.as_python(args[0] if args else kwargs.get("requires_grad", ConstantVariable(True)))
+            if bool(flag) == t.fake.requires_grad:
+                return t   # already so (a hook's output.requires_grad_(True) on an activation): nothing happens
         if name in TENSOR_METHOD_BREAKS:
             gb = TENSOR_METHOD_BREAKS[name]
             if name in ("item", "tolist") and config.capture_scalar_outputs and not args and not kwargs:
@@ -1715,6 +1719,8 @@ class Frame:
             return self.call_method(fn, args, kwargs)
         if isinstance(fn, numpy_ops.NumpyMethodVariable):
             return numpy_ops.call_method(self, fn, args, kwargs)
+        if isinstance(fn, PartialVariable):
+            return self.call(fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
         if isinstance(fn, WithExitVariable):
             ctx = fn.ctx
             if isinstance(ctx, GradModeVariable):

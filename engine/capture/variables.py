@@ -279,6 +279,17 @@ class AutocastVariable(VariableTracker):
         return torch.autocast
 
 
+class PartialVariable(VariableTracker):
+    """functools.partial(func, *args, **kwargs) made by the traced code."""
+
+    def __init__(self, func: VariableTracker, args: list, kwargs: dict):
+        self.func, self.args, self.kwargs = func, list(args), dict(kwargs)
+
+    def python_type(self):
+        import functools
+        return functools.partial
+
+
 class WithExitVariable(VariableTracker):
     """The __exit__ that BEFORE_WITH pushes."""
 
