@@ -10,65 +10,10 @@ import torch.nn as nn
 from torch.func import functional_call, grad, grad_and_value, jacfwd, jacrev, jvp, vjp, vmap
 
 import engine
+from compare_helpers import run_both, torch_graphs
 from engine_helpers import fresh_engine  # noqa: F401 (autouse)
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
-
-
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    return []
-
-
-def _grads(out, inputs, params):
-    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad] + list(params)
-    outs = [t for t in _tensors(out) if t.requires_grad]
-    if not leaves or not outs:
-        return []
-    loss = sum(t.float().sum() for t in outs)
-    return [g if g is not None else torch.zeros(()) for g in torch.autograd.grad(loss, leaves, allow_unused=True)]
-
-
-def run_both(fn, make_inputs, params=(), backend="eager"):
-    """fn compiled and eager on the same inputs: outputs and the gradients of the inputs and
-    `params` compared, twice (compile, then the cached code). Returns explain() of fn."""
-    torch.manual_seed(0)
-    inputs = make_inputs()
-    expected = fn(*inputs)
-    exp_grads = _grads(expected, inputs, params)
-    engine.reset()
-    compiled = engine.compile(fn, backend=backend)
-    for _ in range(2):
-        inputs2 = [t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
-                   for t in inputs]
-        got = compiled(*inputs2)
-        got_grads = _grads(got, inputs2, params)
-        assert len(_tensors(got)) == len(_tensors(expected))
-        for g, e in zip(_tensors(got), _tensors(expected)):
-            torch.testing.assert_close(g, e)
-        assert len(got_grads) == len(exp_grads)
-        for g, e in zip(got_grads, exp_grads):
-            torch.testing.assert_close(g, e)
-    engine.reset()
-    return engine.explain(fn)(*make_inputs())
-
-
-def torch_graphs(fn, *args):
-    """The number of graphs torch.compile makes of fn."""
-    import torch._dynamo
-    torch._dynamo.reset()
-    graphs = []
-
-    def count(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch.compile(fn, backend=count)(*args)
-    torch._dynamo.reset()
-    return len(graphs)
 
 
 def node_names(fn, *args):
@@ -87,7 +32,7 @@ def node_names(fn, *args):
 def one_graph(r, fn, *args, torch_count=True):
     assert (r.graph_count, r.graph_break_count) == (1, 0), [b.reason for b in r.break_reasons]
     if torch_count:
-        assert r.graph_count == torch_graphs(fn, *args)
+        assert r.graph_count == len(torch_graphs(fn, *args))
 
 
 # ---------------------------------------------------------------------- torch.cond

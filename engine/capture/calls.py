@@ -69,6 +69,7 @@ def call_python_function(tx, fn, args, kwargs, source):
     comptime_handler = getattr(fn, "__engine_comptime__", None)
     if comptime_handler is not None:
         return comptime_handler(tx, args, kwargs)
+    fn = optimizers.unwrap_dynamo_disabled(fn)
     if numpy_ops.has_numpy(args, kwargs) and numpy_ops.numpy_callable_name(fn) is not None:
         return numpy_ops.call_numpy_function(tx, fn, args, kwargs)  # np.mean(arr) & co: torch._numpy
     inner = getattr(fn, "_engine_orig", None)

@@ -15,10 +15,26 @@
 
 from __future__ import annotations
 
+import os
+import types
+
 import torch
 
 from .graph_breaks import GraphBreak
 from .source import KeyedItemSource
+
+
+def unwrap_dynamo_disabled(fn):
+    """Once torch.compile has run in the process, torch wraps optimizer helpers such as
+    `_init_group` in Dynamo's disable wrapper (Dynamo models them itself). Those are the
+    optimizer's own code to us: the function inside."""
+    inner = getattr(fn, "__wrapped__", None)
+    from .skipfiles import OPTIM_DIR, TORCH_DIR
+    if isinstance(inner, types.FunctionType) and isinstance(fn, types.FunctionType) and \
+            fn.__code__.co_filename.startswith(os.path.join(TORCH_DIR, "_dynamo")) and \
+            inner.__code__.co_filename.startswith(OPTIM_DIR):
+        return inner
+    return fn
 
 
 def is_init_group(fn, obj) -> bool:
