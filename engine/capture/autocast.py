@@ -82,6 +82,7 @@ def applied(states: dict):
     without touching the nesting count; the cast cache stays off (fake tensors must not be
     cached beyond the op)."""
     saved = [AutocastState.current(d) for d in states]
+    cache = torch.is_autocast_cache_enabled()
     for s in states.values():
         torch.set_autocast_enabled(s.device, s.enabled)
         torch.set_autocast_dtype(s.device, s.dtype)
@@ -92,4 +93,4 @@ def applied(states: dict):
         for s in saved:
             torch.set_autocast_enabled(s.device, s.enabled)
             torch.set_autocast_dtype(s.device, s.dtype)
-        torch.set_autocast_cache_enabled(saved[0].cache_enabled if saved else torch.is_autocast_cache_enabled())
+        torch.set_autocast_cache_enabled(cache)
