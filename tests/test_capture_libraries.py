@@ -520,3 +520,13 @@ def test_huggingface_gradient_checkpointing_compiles_whole():
     want = torch.autograd.grad(expected, list(model.parameters()))
     for g, w in zip(grads, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_python_level_windows_are_traced():
+    def fn(x):
+        return x * torch.signal.windows.hann(8) + torch.signal.windows.gaussian(8, std=2.0) + \
+            torch.signal.windows.kaiser(8, beta=4.0)
+
+    out = explain(fn, torch.ones(8))
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    same(fn, torch.ones(8), backend="aot_eager")

@@ -57,7 +57,8 @@ def _inlinable_torch(fn) -> bool:
     if fn is torch.utils.checkpoint.checkpoint_sequential:
         return True  # plain Python over checkpoint(), which the capture traces (capture/checkpoint.py)
     # torch.utils._contextlib, torch.amp.autocast_mode: `@torch.no_grad()`, `@torch.autocast(...)` as decorators
-    return mod.startswith("torch.nn.modules") or mod.startswith("torch.nn.utils.parametrize") or \
+    # torch.masked and torch.signal.windows: Python over torch ops, traced as torch.compile traces them
+    return mod.startswith(("torch.nn.modules", "torch.nn.utils.parametrize", "torch.masked", "torch.signal")) or \
         mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib", "torch.amp.autocast_mode")
 
 
