@@ -35,7 +35,7 @@ def test_pointwise_chain_is_one_kernel_with_intermediates_in_registers():
         c = check(lambda x, y: torch.tanh(torch.relu(x * 2 + y) - 1).sigmoid(), X, torch.randn(32))
     assert c.n_kernels == 1
     [sched] = cap.texts(log="schedule")
-    assert "kernel0: outer [8, 32]" in sched
+    assert "kernel0_mul_add_relu_sub_etc: outer [8, 32]" in sched   # named after the ops it fuses
     [kernel] = cap.texts(log="kernel_code")
     assert "#pragma omp simd" in kernel and "#pragma omp parallel for" in kernel
     assert kernel.count("] = ") == 1        # one store: the result; nothing else goes to memory

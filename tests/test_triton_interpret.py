@@ -279,7 +279,8 @@ def test_kernel_code_and_output_code_events():
         observe.unsubscribe(fn)
     kernel_events = [e for e in seen if e.name == "artifact" and e.metadata.get("name") == "kernel_code"]
     assert kernel_events and "@triton.jit" in kernel_events[0].payload()
-    assert kernel_events[0].metadata["kernel"] == "kernel0"
+    # named after the ops it fuses, as profiler traces show it
+    assert kernel_events[0].metadata["kernel"] == "kernel0_amax_sub_exp_sum_etc"
     out = [e for e in seen if e.name == "inductor_output_code"]
     assert out and "def call(args):" in out[0].payload() and "Launcher(" in out[0].payload()
 

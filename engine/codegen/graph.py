@@ -93,7 +93,7 @@ class GraphLowering:
         self.mutated_inputs: set[str] = set()
         self.current_node: torch.fx.Node | None = None
         self._counter = 0
-        self.origins_of: dict[str, list] = {}
+        self.chains: dict = {}   # fx node -> the fx node names a buffer realized there computes
 
     # -- names -----------------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -114,15 +114,33 @@ class GraphLowering:
             elif node.op == "get_attr":
                 self.env[node] = self._constant(node)
             elif node.op == "call_function":
+                self._note_chain(node)
                 self.env[node] = self._call(node, LOWERINGS)
             elif node.op == "output":
                 outs = pytree.tree_leaves(node.args[0])
                 claimed: set = set()
-                self.outputs = [self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o, claimed)
-                                for o in outs]
+                self.outputs = []
+                for o in outs:
+                    if isinstance(o, torch.fx.Node):   # an output realized here computes o's chain
+                        self.chains[node] = self.chains.get(o, [o.name])
+                    self.outputs.append(self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o, claimed))
             else:
                 raise Unsupported(f"fx node kind {node.op}")
         return self
+
+    def _note_chain(self, node) -> None:
+        """The fx nodes a buffer realized at `node` computes: node itself, after those of its
+        inputs that are still unrealized values (inlined into it). Kernels are named after them."""
+        chain: list = []
+        for a in node.all_input_nodes:
+            v = self.env.get(a)
+            if isinstance(v, TensorValue) and not v.realized:
+                chain += [n for n in self.chains.get(a, ()) if n not in chain]
+        self.chains[node] = (chain + [node.name])[-8:]
+
+    def _origins(self) -> list:
+        node = self.current_node
+        return list(self.chains.get(node, [node.name])) if node is not None else []
 
     def _placeholder(self, node, i):
         ex = self.example_inputs[i] if i < len(self.example_inputs) else fake_of(node)
@@ -259,14 +277,14 @@ class GraphLowering:
         cdt = V.compute_dtype(tv.dtype)
         loader = tv.loader
         buf = ComputedBuffer(name, layout, Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)),
-                             origins=[self.current_node.name] if self.current_node is not None else [])
+                             origins=self._origins())
         self.nodes.append(buf)
         self.buffer_layouts[name] = layout
         return strided_value(name, layout)
 
     def add_buffer(self, buf: ComputedBuffer) -> TensorValue:
         if self.current_node is not None:
-            buf.origins = [self.current_node.name]
+            buf.origins = self._origins()
         self.nodes.append(buf)
         self.buffer_layouts[buf.name] = buf.layout
         return strided_value(buf.name, buf.layout)

@@ -13,6 +13,7 @@ and epilogues (per row or per element of the row) follow it in later phases."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 import sympy
@@ -305,6 +306,23 @@ def _schedule(nodes, output_buffers, graph_inputs) -> Schedule:
     return _plan(steps, output_buffers, graph_inputs, decisions)
 
 
+def kernel_name(base: str, members: list) -> str:
+    """kernel3_mul_sin_add: the kernel's number, then the ops it fuses in order (their fx
+    nodes' names without the numbering suffix), as profiler traces and output code show it."""
+    ops: list = []
+    for m in members:
+        for origin in m.buf.origins:
+            op = re.sub(r"_\d+$", "", origin)
+            op = re.sub(r"(_default|_tensor|_scalar|_self|_dim|_int)$", "", op)
+            op = re.sub(r"\W", "_", op)
+            if op and op not in ops and op != "output":
+                ops.append(op)
+    if not ops:
+        return base
+    suffix = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
+    return f"{base}_{suffix}"
+
+
 def _fusion_log(node, kernel, relation, made, why):
     observe.emit("artifact", {"name": "fusion", "encoding": "string"},
                  lambda: f"{'fused' if made else 'refused'}: {node} into {kernel} ({relation} it): {why}",
@@ -345,7 +363,7 @@ def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
         if isinstance(s, ExternKernel):
             final.append(s)
             continue
-        fk = FusedKernel(s.name, s.outer, s.outer_vars, s.members, _phases(s))
+        fk = FusedKernel(kernel_name(s.name, s.members), s.outer, s.outer_vars, s.members, _phases(s))
         phase_of = {m.name: p for p, ph in enumerate(fk.phases) for m in ph.members}
         mine = set(phase_of)
         for m in fk.members:
