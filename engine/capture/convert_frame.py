@@ -727,7 +727,7 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
                                         inside_handlers=bool(blocks))
         resumes.append(r)
     # The break runs under the grad mode and autocast state the frame has there, whatever the
-    # graph left (a graph leaves the autocast blocks it entered: OutputGraph.close_autocast_blocks).
+    # graph left (a graph leaves the autocast state as it found it: OutputGraph.end_autocast).
     # Inside grad-mode or autocast with blocks, an exception from the break leaves them all;
     # otherwise the resume function, given each block's exit, ends them.
     cg.ns["___set_grad_enabled"] = torch._C._set_grad_enabled
