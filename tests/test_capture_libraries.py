@@ -530,3 +530,17 @@ def test_torch_python_level_windows_are_traced():
     out = explain(fn, torch.ones(8))
     assert (out.graph_count, out.graph_break_count) == (1, 0)
     same(fn, torch.ones(8), backend="aot_eager")
+
+
+def test_an_unbound_tensor_method_is_the_method():
+    def fn(x):
+        y = torch.Tensor.__radd__(x, 2) * torch.Tensor.__rmul__(x, 3)
+        noise = torch.Tensor.uniform_(torch.empty_like(x), 0, 1)   # random: compared by range below
+        return y, noise
+
+    out = explain(fn, torch.ones(4))
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    engine.reset()
+    y, noise = engine.compile(fn, backend="aot_eager")(torch.ones(4))
+    torch.testing.assert_close(y, torch.full((4,), 9.0))
+    assert noise.shape == (4,) and bool(((noise >= 0) & (noise <= 1)).all())

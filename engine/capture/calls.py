@@ -327,6 +327,11 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         pargs = [tx.out.builder.wrap_sourceless(a) for a in fn.args]
         pkw = {k: tx.out.builder.wrap_sourceless(v) for k, v in fn.keywords.items()}
         return tx.call(inner, pargs + list(args), {**pkw, **kwargs})
+    if isinstance(fn, (types.WrapperDescriptorType, types.MethodDescriptorType)) and \
+            getattr(fn, "__objclass__", None) in (torch.Tensor, torch._C.TensorBase) and args and \
+            isinstance(args[0], TensorVariable):
+        # Tensor.uniform_(x, ...), Tensor.__radd__(x, 2): the unbound method is the method
+        return tx.tensor_method(args[0], fn.__name__, list(args[1:]), kwargs)
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType)):
         mod = _module_of(fn) or getattr(getattr(fn, "__self__", None), "__name__", "")
