@@ -192,3 +192,8 @@ def test_foreach_results_feed_fused_kernels_in_their_real_layout(make):
         return (x + 1).sin(), (y * x).cos()
 
     check(fn, a, b)
+
+
+@pytest.mark.parametrize("dim", [0, -1, (0,)])
+def test_mean_of_a_0d_tensor_over_its_only_dim(dim):
+    check(lambda x: torch.mean(x, dim=dim, keepdim=True) + x.mean(dim), torch.tensor(-8.5))

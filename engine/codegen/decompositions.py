@@ -69,6 +69,8 @@ def _std_mean(x, dim=None, *, correction=None, keepdim=False):
 
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
     src = x.to(dtype) if dtype is not None else x
+    if x.dim() == 0:   # dim 0 / -1 of a 0-d tensor is the tensor itself
+        return src.clone()
     dims = list(range(x.dim())) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
         [dim] if isinstance(dim, int) else list(dim))
     n = 1
