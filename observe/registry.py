@@ -43,6 +43,8 @@ ARTIFACTS = [
     LogName("fusion", "artifact", "Each fusion attempted, made or refused, with the reason.", channel="inductor"),
     LogName("perf_hints", "artifact", "What kept the generated code from a faster plan (extern fallbacks, ...).", channel="inductor"),
     LogName("ir_pre_fusion", "artifact", "The loop-level IR of each graph before fusion.", channel="inductor"),
+    LogName("kernel_provenance", "artifact", "Each kernel of each compiled graph with the aten and FX nodes "
+            "and the user lines it computes.", channel="inductor"),
     LogName("ir_post_fusion", "artifact", "The fused kernels of each graph: loops, phases, stored buffers.", channel="inductor"),
     LogName("compiled_autograd", "artifact", "Compiled autograd graphs (not implemented by this engine).", off_by_default=True),
 ]

@@ -167,6 +167,7 @@ class AOTCompiled:
         graph = extract(traced, placeholders(traced), output_nodes(traced), "inference")
         observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},
                      payload=lambda: readable(graph), log="aot_graphs")
+        graph.meta["aot_graph"] = ("inference", gid)   # kernel provenance names the graph
         with observe.stage("aot_compile_inference"):
             compiled = self.config.inference_compiler(graph, _example_values(graph))
         return InferenceEntry(compiled, meta)
@@ -212,6 +213,8 @@ class AOTCompiled:
                      payload=lambda: readable(chosen.forward), log="aot_graphs")
         observe.emit("aot_backward_graph", {"title": f"===== Backward graph {gid} =====", **saved_md},
                      payload=lambda: readable(chosen.backward), log="aot_graphs")
+        chosen.forward.meta["aot_graph"] = ("forward", gid)
+        chosen.backward.meta["aot_graph"] = ("backward", gid)
         with observe.stage("aot_compile_forward"):
             compiled_fw = self.config.fw_compiler(chosen.forward, _example_values(chosen.forward))
         with observe.stage("aot_compile_backward"):

@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch.fx
 
+from ..user_frames import user_frames
+
 
 class AOTAutogradError(RuntimeError):
     def __init__(self, step: str, node: Optional[torch.fx.Node], cause: BaseException):
@@ -24,9 +26,11 @@ class AOTAutogradError(RuntimeError):
 
 def _user_line(node: torch.fx.Node) -> str:
     """The last frame of the node's stack trace (the user's line), if capture recorded one."""
-    trace = node.meta.get("stack_trace") or ""
-    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
-    return "\n    ".join(lines[-2:]) if lines else ""
+    frames = user_frames(node)
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f'File "{f.file}", line {f.line}, in {f.function}\n    {f.code}'
 
 
 class BackwardTraceError(AOTAutogradError):

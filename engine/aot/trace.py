@@ -23,6 +23,7 @@ from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams
 from .interpret import run_captured_graph
 from .metadata import GraphMeta
+from . import provenance
 
 
 @dataclasses.dataclass
@@ -71,6 +72,7 @@ class Tracer:
         except Exception as exc:   # outside any one node: make_fx itself, or functionalization
             raise AOTAutogradError("tracing to aten", None, exc) from exc
         _cleanup(traced)
+        provenance.stamp(traced)
         return traced
 
     def trace_inference(self, fakes: list) -> torch.fx.GraphModule:
@@ -124,8 +126,8 @@ class Tracer:
 
 
 def _replay_forward_stacks(roots: list) -> None:
-    """While autograd traces the backward, set the current FX stack trace to that of the
-    forward op each backward node differentiates."""
+    """While autograd traces the backward, set the current FX stack trace and sequence
+    number to those of the forward op each backward node differentiates."""
     seen = set(roots)
     work = collections.deque(roots)
     while work:
@@ -136,11 +138,13 @@ def _replay_forward_stacks(roots: list) -> None:
                 work.append(fn)
         stack = node.metadata.get("traceback_", [])
 
-        def prehook(grad_outputs, stack=stack):
+        def prehook(grad_outputs, stack=stack, seq=node._sequence_nr()):
             fx_traceback.set_stack_trace(stack)
+            fx_traceback.set_grad_fn_seq_nr(seq)   # provenance.stamp pairs it with the forward op
 
         def posthook(grad_inputs, grad_outputs):
             fx_traceback.set_stack_trace([])
+            fx_traceback.reset_grad_fn_seq_nr()
 
         node.register_prehook(prehook)
         node.register_hook(posthook)

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
+from ..user_frames import format_stack
 from . import autocast as autocastmod
 from . import checkpoint
 from . import fake as fakemod
@@ -221,10 +222,7 @@ class OutputGraph:
     # ------------------------------------------------------------------ graph ops
 
     def _stack_trace(self) -> str:
-        lines = []
-        for filename, lineno, name, line in self.user_stack:
-            lines.append(f'  File "{filename}", line {lineno}, in {name}\n    {line.strip() if line else ""}\n')
-        return "".join(lines)
+        return format_stack(self.user_stack)
 
     def call_op(self, kind: str, target, args: tuple, kwargs: dict):
         """Run the op on FakeTensors, then record it. Returns (proxy, fake result)."""

@@ -8,6 +8,7 @@ compile at all to running the aten graph as it is; both are reported on perf_hin
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import traceback
 import types
@@ -23,6 +24,7 @@ from .cpp import prelude, render_kernel
 from .graph import GraphLowering, Unsupported
 from .ir import ExternKernel, format_node
 from .runtime import LayoutMismatch
+from .provenance import kernel_origins
 from .scheduler import FusedKernel, schedule
 from .wrapper import generate
 
@@ -80,6 +82,9 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
         _refuse_data_dependent_sizes(gm)
         return _compile(gm, example_inputs, out_spec)
     except Exception as exc:   # never a wrong result: run the aten graph as it is
+        from engine import config
+        if config.repro_after is not None and not isinstance(exc, Unsupported):
+            raise    # the minifier is on (docs/minifier.md): it wants this crash, which the fallback hides
         return uncompiled(gm, out_spec, exc, "codegen",
                           logging.WARNING if not isinstance(exc, Unsupported) else logging.INFO)
 
@@ -130,6 +135,12 @@ def lower_and_schedule(gm, example_inputs):
     sched = schedule(g.nodes, output_buffers(g), graph_inputs)
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")
+    g.kernel_origins = {o.kernel: o for o in kernel_origins(gm, sched.steps)}
+    role, gid = gm.meta.get("aot_graph", ("inference", None))
+    observe.emit("artifact", {"name": "kernel_provenance", "encoding": "json"},
+                 lambda: json.dumps({"graph": role, "aot_graph": gid, "key": key,
+                                     "kernels": [o.to_json() for o in g.kernel_origins.values()]}),
+                 log="kernel_provenance")
     return key, g, sched, ir_pre
 
 

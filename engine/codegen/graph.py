@@ -94,6 +94,7 @@ class GraphLowering:
         self.current_node: torch.fx.Node | None = None
         self._counter = 0
         self.chains: dict = {}   # fx node -> the fx node names a buffer realized there computes
+        self.kernel_origins: dict = {}   # step name -> provenance.KernelOrigin, set after scheduling
 
     # -- names -----------------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -130,17 +131,39 @@ class GraphLowering:
 
     def _note_chain(self, node) -> None:
         """The fx nodes a buffer realized at `node` computes: node itself, after those of its
-        inputs that are still unrealized values (inlined into it). Kernels are named after them."""
+        inputs that are still unrealized values (inlined into it). Kernels are named after them
+        and report them as their provenance (capped: a chain is rarely longer than a norm's)."""
         chain: list = []
         for a in node.all_input_nodes:
             v = self.env.get(a)
-            if isinstance(v, TensorValue) and not v.realized:
+            # a view of a buffer is read through its indexing here: it is part of this kernel too
+            if isinstance(v, TensorValue) and (not v.realized or getattr(a.target, "is_view", False)):
                 chain += [n for n in self.chains.get(a, ()) if n not in chain]
-        self.chains[node] = (chain + [node.name])[-8:]
+        self.chains[node] = (chain + [node.name])[-64:]
 
-    def _origins(self) -> list:
+    def _origins(self, value=None) -> list:
+        """The chain of the fx node being lowered; or, when `value` is one of its inputs
+        (realized to be passed to an extern call), that input's chain."""
         node = self.current_node
-        return list(self.chains.get(node, [node.name])) if node is not None else []
+        if node is None:
+            return []
+        for a in node.all_input_nodes if value is not None else ():
+            if self.env.get(a) is value:
+                return list(self.chains.get(a, [a.name]))
+        return list(self.chains.get(node, [node.name]))
+
+    @staticmethod
+    def _views_into(node) -> list:
+        """The view nodes (reshape, transpose, ...) between an extern call and its buffers:
+        the call reads through them, so they are part of it."""
+        names: list = []
+        work = list(node.all_input_nodes)
+        while work:
+            a = work.pop()
+            if getattr(a.target, "is_view", False) and a.name not in names:
+                names.insert(0, a.name)
+                work.extend(a.all_input_nodes)
+        return names
 
     def _placeholder(self, node, i):
         ex = self.example_inputs[i] if i < len(self.example_inputs) else fake_of(node)
@@ -277,7 +300,7 @@ class GraphLowering:
         cdt = V.compute_dtype(tv.dtype)
         loader = tv.loader
         buf = ComputedBuffer(name, layout, Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)),
-                             origins=self._origins())
+                             origins=self._origins(tv))
         self.nodes.append(buf)
         self.buffer_layouts[name] = layout
         return strided_value(name, layout)
@@ -360,7 +383,7 @@ class GraphLowering:
                             if any(b.name == leaf.buffer for b in self.inputs if b is not None):
                                 self.mutated_inputs.add(leaf.buffer)
         name = self.new_name("extern")
-        origins = [self.current_node.name] if self.current_node is not None else []
+        origins = self._views_into(self.current_node) + [self.current_node.name] if self.current_node is not None else []
         if fallback:
             self.fallback_ops.append(str(op))
         self.extern_ops.append(str(op))

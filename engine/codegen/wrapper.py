@@ -121,6 +121,9 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
                 live_name[sched.reuse[n]] = n
             else:
                 body.append(empty_strided_line(n, g.buffer_layouts[n]))
+        origin = g.kernel_origins.get(step.name) if run else None
+        if origin is not None:
+            body.append(origin.comment())
         if isinstance(step, FusedKernel):
             body.extend(kernel_call(step, resolve))
         else:
