@@ -265,3 +265,17 @@ def test_input_reached_only_through_an_unused_output_gets_no_grad(backend):
     (ex, ey), (gx, gy) = grads(f), grads(engine.compile(f, backend=backend))
     torch.testing.assert_close(gx, ex)
     assert ey is None and gy is None
+
+
+# -- results that share the input's memory though their op's schema says they do not -----------
+
+@pytest.mark.parametrize("op", [lambda x: torch.unsafe_split(x, 2), lambda x: torch.unsafe_chunk(x, 3, 1)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unsafe_split_results_are_views_of_the_input_as_in_eager(op, backend):
+    x = torch.randn(5, 6)
+    parts = engine.compile(op, backend=backend)(x)
+    same(parts, op(x.clone()))
+    for p in parts:    # writing through a result writes the input, as eager's views do
+        assert p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    parts[0].fill_(7.0)
+    assert (op(x)[0] == 7.0).all()

@@ -30,6 +30,8 @@ _KEEP = {
     aten.bernoulli.default, aten.native_dropout.default, aten.rand_like.default, aten.randn_like.default,
     aten.rsqrt.default, aten.sign.default, aten.cumsum.default,
     aten.arange.default, aten.arange.start,
+    # their results share the input's memory, as eager's do (torch's decomposition copies)
+    aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default,
 } | {getattr(aten, name).default for name in (
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",

@@ -41,6 +41,10 @@ def _same_strides(layout, fake) -> bool:
     return True
 
 
+# Their schemas declare no alias, yet eager's results are views of the input.
+_UNSAFE_VIEWS = {torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default}
+
+
 def _aliases_an_input(node) -> bool:
     """Whether eager's value of `node` is a graph input's memory: the input itself, or ops
     whose schema says they return an alias of their first argument (`Tensor(a)`: views,
@@ -48,6 +52,9 @@ def _aliases_an_input(node) -> bool:
     while isinstance(node, torch.fx.Node):
         if node.op == "placeholder":
             return True
+        if node.target is operator.getitem and getattr(node.args[0], "target", None) in _UNSAFE_VIEWS:
+            node = node.args[0].args[0]
+            continue
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.returns or \
                 schema.returns[0].alias_info is None or not node.args:

@@ -647,7 +647,8 @@ def all_(g, x, dim=None, keepdim=False):
 
 
 # -- more views and data movement --------------------------------------------------------
-@register(aten.split_with_sizes.default, aten.split.Tensor)
+@register(aten.split_with_sizes.default, aten.split.Tensor, aten.unsafe_split.Tensor,
+          aten.unsafe_split_with_sizes.default)
 def split(g, a, sizes_or_size, dim=0):
     dim = dim % len(a.sizes)
     n = a.sizes[dim]
