@@ -65,16 +65,20 @@ def _with_inductor_options(fn, mode, options):
 
 
 def _wrap_function(fn, opts):
-    from .capture.runtime import run_function
+    from .capture.runtime import run_function, trampoline_for
 
     if isinstance(fn, types.MethodType):
-        func, self_obj = fn.__func__, fn.__self__
+        func = fn.__func__
         if not isinstance(func, types.FunctionType):
             return fn
+        call = trampoline_for(opts)      # a method as a call in compiled code makes it: opt.step too
+        checked = []
 
         @functools.wraps(func)
         def bound(*args, **kwargs):
-            return run_function(func, (self_obj,) + args, kwargs, opts)
+            if not checked:
+                checked.append(_say_if_declined(fn, args, kwargs))
+            return call(fn, *args, **kwargs)
 
         bound._engine_orig = fn
         return bound
@@ -87,13 +91,39 @@ def _wrap_function(fn, opts):
             return call_obj
         raise TypeError(f"engine.compile expects a function, method or nn.Module, got {type(fn).__name__}")
 
+    checked = []
+
     @functools.wraps(fn)
     def compiled(*args, **kwargs):
+        if not checked:
+            checked.append(_say_if_declined(fn, args, kwargs))
         return run_function(fn, args, kwargs, opts)
 
     compiled._engine_orig = fn
     compiled._engine_opts = opts
     return compiled
+
+
+def _say_if_declined(fn, args, kwargs) -> bool:
+    """A function handed to engine.compile that the engine will not capture (torch's own
+    code, a generator, ...) runs eagerly: say so once, as a warning and a `compile_declined`
+    event (explain lists it), never silently. Returns whether it was declined."""
+    from .capture import runtime, skipfiles
+
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if isinstance(fn, types.MethodType) and runtime.optimizer_step_target(fn, args, kwargs) is not None:
+        return False     # opt.step: its inner step compiles (runtime.optimizer_step)
+    if runtime.should_compile(func):
+        return False
+    code = func.__code__
+    reason = skipfiles.skip_reason(code) or runtime.uncapturable_kind(code) or "marked engine.disable"
+    name = getattr(code, "co_qualname", code.co_name)
+    observe.emit("compile_declined", {"function": name, "filename": code.co_filename,
+                                      "line": code.co_firstlineno, "reason": reason})
+    observe.log("dynamo", logging.WARNING, "engine.compile(%s): not compiled, it runs eagerly (%s, %s:%s); "
+                "compile the user function that calls it instead", name, reason, code.co_filename,
+                code.co_firstlineno)
+    return True
 
 
 def compile(fn=None, *, backend="inductor", fullgraph: bool = False, dynamic: Optional[bool] = None,

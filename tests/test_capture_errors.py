@@ -87,3 +87,23 @@ def test_compile_keywords_and_disable():
     assert engine.compile(fn, disable=True) is fn
     wrapped = engine.compile(backend="eager", fullgraph=True, dynamic=False)(fn)
     torch.testing.assert_close(wrapped(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_a_function_the_engine_will_not_compile_says_so_and_explain_lists_it():
+    from engine_helpers import logs
+
+    def gen(x):      # a generator: the engine never captures its frame
+        yield x * 2
+
+    with logs("dynamo") as shown:
+        out = list(engine.compile(gen)(torch.ones(2)))
+        list(engine.compile(gen)(torch.ones(2)))       # said once per compiled function, not per call
+    torch.testing.assert_close(out[0], torch.full((2,), 2.0))
+    declined = [s for s in shown if "not compiled, it runs eagerly" in s]
+    assert len(declined) == 2 and "a generator or coroutine" in declined[0] and "gen" in declined[0]
+    e = engine.explain(gen)(torch.ones(2))
+    assert e.graph_count == 0 and len(e.not_compiled) == 1 and "a generator or coroutine" in e.not_compiled[0]
+    assert "Not Compiled (runs eagerly):" in str(e)
+    # torch's own functions: the same
+    e = engine.explain(torch.nn.functional.normalize)(torch.ones(2, 2))
+    assert e.not_compiled and "torch internals" in e.not_compiled[0]

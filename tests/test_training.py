@@ -318,6 +318,9 @@ OPTIMIZERS = [
     ("RMSprop", dict(lr=1e-2, momentum=0.5, centered=True, foreach=True)), ("Adagrad", dict(lr=1e-2)),
     ("Adagrad", dict(lr=1e-2, foreach=True)), ("Adam", dict(lr=1e-2, foreach=True, amsgrad=True)),
     ("Adamax", dict(lr=1e-2)), ("NAdam", dict(lr=1e-2)), ("Adadelta", dict(lr=1e-2)),
+    ("RAdam", dict(lr=1e-2)), ("RAdam", dict(lr=1e-2, foreach=True, decoupled_weight_decay=True, weight_decay=0.1)),
+    ("ASGD", dict(lr=1e-2)), ("ASGD", dict(lr=1e-2, foreach=True)), ("Rprop", dict(lr=1e-2)),
+    ("NAdam", dict(lr=1e-2, foreach=True, decoupled_weight_decay=True)),
 ]
 
 
@@ -352,6 +355,15 @@ def test_optimizer_steps_compile_and_match_eager_step_by_step(kind, options, bac
     twin(torch.randn(4, 8)).sum().backward()
     r = engine.explain(lambda: twin_opt.step())()
     assert r.graph_count == 1 and len(r.break_reasons) == 1, [str(b.reason) for b in r.break_reasons]
+
+
+@pytest.mark.parametrize("kind", ["AdamW", "RAdam", "ASGD"])
+def test_compiling_opt_step_itself_compiles_its_inner_step(kind):
+    model = nn.Linear(8, 8)
+    opt = getattr(torch.optim, kind)(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 8)).sum().backward()
+    e = engine.explain(opt.step)()         # torch.compile(opt.step) is a documented recipe
+    assert e.graph_count == 1 and e.not_compiled == [] and e.break_reasons == []
 
 
 def test_a_training_step_is_two_graphs_the_step_one_of_them_and_later_steps_reuse_them(events):

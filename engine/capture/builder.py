@@ -16,6 +16,7 @@ from .graph_breaks import GraphBreak
 from .runtime import GradModeExit
 from . import autocast as autocastmod
 from . import numpy_ops
+from . import optimizers
 from .source import AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
 from .variables import (AutocastVariable, ConstantVariable, DictVariable, FunctionVariable, GradModeVariable,
                         IteratorVariable, ListVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
@@ -140,6 +141,7 @@ class Builder:
             out.remember(value, vt)
             vt.items = {k: self.wrap(v, GetItemSource(source, k) if isinstance(k, (str, int)) else
                                      DictValueSource(source, i)) for i, (k, v) in enumerate(value.items())}
+            optimizers.traced_group_items(value, vt.items, ConstantVariable)
             return vt
         if t in (set, frozenset) and all(is_constant_value(v) for v in value):
             out.add_guard("EQUALS_MATCH", source, frozenset(value) if t is frozenset else set(value))

@@ -65,6 +65,34 @@ def make_capturable(opt) -> None:
             group["capturable"] = True
 
 
+# ids of the param groups whose step is being compiled: the trace reads `capturable` as True
+_CAPTURABLE_IN_TRACE: set = set()
+
+
+class capturable_in_trace:
+    """While `opt`'s inner step compiles, its param groups read `capturable=True` in the trace
+    (the real groups keep their value), as torch.compile traces them: the step count stays a
+    tensor and `if rho_t > 5` (RAdam), `.item()` (ASGD) become tensor ops, not graph breaks.
+    A part of the step that runs eagerly (after a break) reads the real value."""
+
+    def __init__(self, opt):
+        self.ids = {id(g) for g in opt.param_groups
+                    if g.get("capturable") is False and not g.get("fused") and not g.get("differentiable")}
+
+    def __enter__(self):
+        self.ids -= _CAPTURABLE_IN_TRACE
+        _CAPTURABLE_IN_TRACE.update(self.ids)
+
+    def __exit__(self, *exc):
+        _CAPTURABLE_IN_TRACE.difference_update(self.ids)
+
+
+def traced_group_items(value: dict, items: dict, constant) -> None:
+    """The builder's hook: a param group of a step being compiled reads capturable=True."""
+    if _CAPTURABLE_IN_TRACE and id(value) in _CAPTURABLE_IN_TRACE and "capturable" in items:
+        items["capturable"] = constant(True)
+
+
 def _real(tx, candidates, vt):
     for c in candidates:
         if tx.out.memo.get(id(c)) is vt:

@@ -161,7 +161,7 @@ def _code_compilable(code) -> tuple:
     ok = _COMPILABLE.get(code)
     if ok is None:
         where, forced = skipfiles.skip_reason(code), skipfiles.skip_reason(code, force=True)
-        kind = _uncapturable_kind(code)
+        kind = uncapturable_kind(code)
         if where is not None:
             skipfiles.log_skip(code, where)
         elif kind is not None:
@@ -172,7 +172,7 @@ def _code_compilable(code) -> tuple:
     return ok
 
 
-def _uncapturable_kind(code) -> Optional[str]:
+def uncapturable_kind(code) -> Optional[str]:
     n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) + \
         bool(code.co_flags & inspect.CO_VARKEYWORDS)
     if not all(name.isidentifier() for name in code.co_varnames[:n]):
@@ -387,13 +387,14 @@ def optimizer_step_target(method, args, kwargs):
 def optimizer_step(opt, inner, options: CompileOptions):
     """What `opt.step()` does (profile_hook_step + _use_grad_for_differentiable), with the
     inner step compiled."""
-    from .optimizers import make_capturable
+    from .optimizers import capturable_in_trace, make_capturable
     make_capturable(opt)
     with torch.autograd.profiler.record_function(f"Optimizer.step#{opt.__class__.__name__}.step"):
         prev = torch.is_grad_enabled()
         try:
             torch.set_grad_enabled(opt.defaults["differentiable"])
-            out = run_function(inner, (opt,), {}, options, force=True)
+            with capturable_in_trace(opt):
+                out = run_function(inner, (opt,), {}, options, force=True)
         finally:
             torch.set_grad_enabled(prev)
         opt._optimizer_step_code()

@@ -33,6 +33,7 @@ class ExplainOutput:
     ops_per_graph: list = dataclasses.field(default_factory=list)
     out_guards: list = dataclasses.field(default_factory=list)
     compile_times: str = ""
+    not_compiled: list = dataclasses.field(default_factory=list)   # functions the engine declined, with why
 
     def __str__(self) -> str:
         # PyTorch's layout; styled with rich only when printed to a terminal.
@@ -63,6 +64,9 @@ def explain(fn, *extra_args, **extra_kwargs):
 
         def on_event(event):
             md = event.metadata
+            if event.name == "compile_declined":
+                result.not_compiled.append(f"{md['function']} ({md['filename']}:{md['line']}): {md['reason']}")
+                return
             stack = [(f["filename"], f["line"], f["name"], f.get("code", "")) for f in md.get("user_stack", [])]
             result.break_reasons.append(BreakReason(md["reason"], stack, md["graph_break_id"], md["hint"],
                                                     md.get("explanation", "")))
@@ -70,7 +74,7 @@ def explain(fn, *extra_args, **extra_kwargs):
         captured_guards = []
         reset()  # like PyTorch's explain: count this program's graphs, not what earlier calls cached
         target = fn._orig_mod if isinstance(fn, OptimizedModule) else getattr(fn, "_engine_orig", fn)
-        observe.subscribe(on_event, events=["graph_break"])
+        observe.subscribe(on_event, events=["graph_break", "compile_declined"])
         try:
             from ..capture import runtime
             before = {code: list(c.entries) for code, c in runtime._CACHES.items()}

@@ -36,8 +36,12 @@ def lines(out: Any) -> list[Line]:
         (f"Graph Count: {getattr(out, 'graph_count', 0)}", "bold"),
         (f"Graph Break Count: {getattr(out, 'graph_break_count', 0)}", "bold"),
         (f"Op Count: {getattr(out, 'op_count', 0)}", "bold"),
-        ("Break Reasons:", "bold cyan"),
     ]
+    declined = getattr(out, "not_compiled", None)
+    if declined:
+        result.append(("Not Compiled (runs eagerly):", "bold red"))
+        result += [(f"  {d}", "red") for d in declined]
+    result.append(("Break Reasons:", "bold cyan"))
     for i, br in enumerate(getattr(out, "break_reasons", None) or [], 1):
         result.append((f"  Break Reason {i}:", "bold"))
         result.append((f"    Reason: {_field(br, 'reason')}", "yellow"))
