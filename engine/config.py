@@ -27,6 +27,12 @@ accumulated_cache_size_limit: int = 256
 automatic_dynamic_shapes: bool = True
 assume_static_by_default: bool = True
 
+# distributed: inside DistributedDataParallel, split each captured graph at DDP's gradient
+# bucket boundaries (bucket_cap_mb) and compile the pieces one by one, so that each bucket's
+# all-reduce starts while the backward of earlier layers still runs (PyTorch's default too).
+# torch._dynamo.config.optimize_ddp is honoured ("ddp_optimizer" is True; its other strings off).
+optimize_ddp: bool | str = os.environ.get("ENGINE_OPTIMIZE_DDP", "1") != "0"
+
 # debug output
 debug_dir_root: str = os.environ.get("TORCH_COMPILE_DEBUG_DIR") or os.path.join(os.getcwd(), "torch_compile_debug")
 compile_debug: bool = os.environ.get("TORCH_COMPILE_DEBUG", "0") == "1"
@@ -37,11 +43,28 @@ cache_dir: str | None = os.environ.get("ENGINE_CACHE_DIR") or os.environ.get("TO
 # machines without a GPU, emit Triton for CPU tensors and run it under TRITON_INTERPRET.
 max_autotune: bool = os.environ.get("TORCHINDUCTOR_MAX_AUTOTUNE", "0") == "1"
 triton_interpret: bool = False
+# Extra flags for the C++ compiler of the CPU kernels (ENGINE_CPP_FLAGS, split on spaces),
+# after the engine's own; part of the kernel cache key (engine/codegen/cache.py).
+cpp_extra_flags: list = os.environ.get("ENGINE_CPP_FLAGS", "").split()
 # Compile a graph's Triton kernels side by side before launching any (a static graph's
 # from its codegen on, others on their first call): in this many worker processes (0: on
 # threads, where Triton's front end holds the GIL).
 triton_precompile: bool = os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0"
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
+
+
+# minifier (docs/minifier.md): "dynamo" checks the captured FX graph's backend call, "aot"
+# the AOT graphs our code generator receives; None: off. Level 1 writes the launcher and runs
+# the graph eagerly, 2 writes it and re-raises, 3 also minifies right away, 4 also checks accuracy.
+repro_after: str | None = os.environ.get("TORCHDYNAMO_REPRO_AFTER") or None
+repro_level: int = int(os.environ.get("TORCHDYNAMO_REPRO_LEVEL", "2"))
+# A compiled result is wrong when its RMS error against an fp64 run is above
+# 2 * eager's RMS error against it + repro_tolerance (level 4).
+repro_tolerance: float = float(os.environ.get("TORCHDYNAMO_REPRO_TOLERANCE", "1e-3"))
+# Makes the inductor backend's relu wrong on purpose, to test the minifier:
+# "compile_error" (lowering raises), "runtime_error" (the compiled graph raises when run),
+# "accuracy" (relu(x) + 1). Never set it for real work.
+inject_relu_bug_TESTING_ONLY: str | None = os.environ.get("ENGINE_INJECT_RELU_BUG_TESTING_ONLY") or None
 
 
 def snapshot() -> dict[str, Any]:

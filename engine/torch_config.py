@@ -37,10 +37,15 @@ DYNAMO = {
     "assume_static_by_default": "assume_static_by_default",
     "reorderable_logging_functions": "reorderable_logging_functions",
     "debug_dir_root": "debug_dir_root",
+    "repro_after": "repro_after",                      # the minifier (docs/minifier.md)
+    "repro_level": "repro_level",
+    "repro_tolerance": "repro_tolerance",
+    "optimize_ddp": "optimize_ddp",
 }
 INDUCTOR = {
     "max_autotune": "max_autotune",
     "trace.enabled": "compile_debug",                  # TORCH_COMPILE_DEBUG's knob: the debug folder
+    "cpp.inject_relu_bug_TESTING_ONLY": "inject_relu_bug_TESTING_ONLY",   # the minifier's tests
     "debug": "+inductor,output_code,kernel_code",      # "print debug info and the generated code": these logs
 }
 _MODULES = (("torch._dynamo.config", DYNAMO), ("torch._inductor.config", INDUCTOR))
@@ -172,9 +177,6 @@ def _warn(msg: str) -> None:
 
 # The guide's environment variables the engine does not act on, and what to use instead.
 UNSUPPORTED_ENV = {
-    "TORCHDYNAMO_REPRO_AFTER": "there is no minifier yet: TORCH_COMPILE_DEBUG=1 writes each graph as a runnable "
-                               "fx_graph_runnable.py (docs/debug_dir.md), and docs/ablation.md finds the stage at fault",
-    "TORCHDYNAMO_REPRO_LEVEL": "there is no minifier yet (see TORCHDYNAMO_REPRO_AFTER)",
     "TORCHDYNAMO_DYNAMIC_SHAPES": "pass dynamic=True or dynamic=False to engine.compile",
     "TORCHDYNAMO_EXTENDED_DEBUG_CREATE_SYMBOL": "TORCH_LOGS=dynamic shows each symbol with the user line that made it",
     "TORCH_COMPILE_REPLAY_RECORD": "there is no record/replay: TORCH_COMPILE_DEBUG=1 keeps each frame's graphs and code",

@@ -20,6 +20,8 @@ CHANNELS = [
     LogName("aot", "channel", "AOT autograd: functionalization, joint tracing, partitioning."),
     LogName("inductor", "channel", "Code generation: lowering, scheduling, kernel compilation, caches."),
     LogName("dynamic", "channel", "Dynamic shapes: symbols created, their ranges, guards added on them."),
+    LogName("minifier", "channel", "The minifier: launchers written, each trial (nodes kept, still failing or "
+            "not), the repro written (docs/minifier.md)."),
 ]
 
 ARTIFACTS = [
@@ -45,7 +47,13 @@ ARTIFACTS = [
     LogName("ir_pre_fusion", "artifact", "The loop-level IR of each graph before fusion.", channel="inductor"),
     LogName("kernel_provenance", "artifact", "Each kernel of each compiled graph with the aten and FX nodes "
             "and the user lines it computes.", channel="inductor"),
+    LogName("cudagraphs", "artifact", "mode='reduce-overhead': each graph captured as a CUDA graph, captured "
+            "again, or run without one, and why.", channel="inductor"),
     LogName("ir_post_fusion", "artifact", "The fused kernels of each graph: loops, phases, stored buffers.", channel="inductor"),
+    LogName("ddp_graphs", "artifact", "How a graph compiled inside DDP was split at gradient-bucket boundaries: "
+            "buckets, their parameters and sizes, and each piece's graph.", channel="dynamo"),
+    LogName("cache", "artifact", "Each kernel cache lookup: hit (and the seconds it saved), miss with what differs "
+            "from the closest entry in the cache, or bypass with why.", channel="inductor"),
     LogName("compiled_autograd", "artifact", "Compiled autograd graphs (not implemented by this engine).", off_by_default=True),
 ]
 
