@@ -19,6 +19,8 @@ import torch.fx
 import observe
 
 from .. import config
+from ..distributed import ddp
+from ..debug.minifier import hooks as minifier_hooks
 from ..guards import compile_guards, render_guards
 from .. import shapes
 from . import bytecode as bc
@@ -480,12 +482,14 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         t0 = time.time()
         with observe.stage("backend_compile", backend=options.backend_name, graph_module=gm,
                            example_inputs=real_inputs):
-            try:
-                compiled = options.backend(gm, real_inputs)
+            try:   # through the minifier's hook: with repro_after="dynamo" a failure writes a launcher
+                compiled = minifier_hooks.call_backend(ddp.backend_for_graph(options.backend), options.backend_name,
+                                                       gm, real_inputs)
             except Exception as exc:
+                notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
                 raise BackendCompilerFailed(
                     f"backend={options.backend_name!r} raised {type(exc).__name__}: {exc} while compiling "
-                    f"{compiled_name} of {code.co_name} ({code.co_filename}:{code.co_firstlineno})") from exc
+                    f"{compiled_name} of {code.co_name} ({code.co_filename}:{code.co_firstlineno}){notes}") from exc
         metrics["backend_compile_time_s"] = round(time.time() - t0, 6)
         ns_graph[compiled_name] = compiled
         out.output_index = {n: i for i, n in enumerate(output_nodes)}

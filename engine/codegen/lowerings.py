@@ -180,6 +180,33 @@ def unary(opname, *, float_only=False, bool_out=False):
 
 for _name in ("neg", "abs", "floor", "ceil", "trunc", "sign", "relu", "bitwise_not"):
     register(getattr(aten, _name))(unary(_name))
+_relu = unary("relu")
+
+
+@register(aten.relu)
+def relu(g, a, **kw):
+    from engine import config
+
+    if config.inject_relu_bug_TESTING_ONLY:   # the minifier's tests: a broken relu on purpose
+        return _relu_with_injected_bug(g, a, config.inject_relu_bug_TESTING_ONLY)
+    return _relu(g, a, **kw)
+
+
+def _relu_with_injected_bug(g, a, bug: str):
+    why = f"engine.config.inject_relu_bug_TESTING_ONLY={bug!r}"
+    if bug == "compile_error":
+        raise RuntimeError(f"relu: injected compile error ({why})")
+    if bug == "runtime_error":   # an extern call that raises when the compiled graph runs
+        return g.extern(aten._assert_scalar.default, (False, f"relu: injected runtime error ({why})"), {},
+                        fake_of(g.current_node), fallback=False)
+    if bug == "accuracy":
+        sizes, dtype, device = out_meta(g)
+        cdt = V.compute_dtype(dtype)
+        return pointwise(sizes, dtype, device, lambda idx: V.op(
+            "add", V.op("relu", value_of(a, sizes, cdt, idx), dtype=cdt), V.const(1, cdt), dtype=cdt))
+    raise ValueError(f"{why}: expected 'compile_error', 'runtime_error' or 'accuracy'")
+
+
 register(aten.round.default)(unary("round", float_only=True))
 for _name in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan",
               "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",

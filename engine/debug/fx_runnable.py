@@ -150,8 +150,11 @@ def _nbytes(obj: Any) -> int:
 
 
 def render(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]] = None, *,
-           title: str = "", state_file: Optional[str] = None) -> str:
-    """The script's text. `state_file` is the basename of the saved state, if any."""
+           title: str = "", state_file: Optional[str] = None, main: Optional[str] = None,
+           first_imports: str = "") -> str:
+    """The script's text. `state_file` is the basename of the saved state, if any; `main`
+    replaces the `if __name__ == "__main__":` block and `first_imports` go before torch's
+    (the minifier's scripts)."""
     code = gm.graph.python_code(root_module="self")
     specs = describe_inputs(gm, example_inputs)
     placeholders = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
@@ -178,11 +181,12 @@ def render(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]] = N
             """)
     init_body = textwrap.indent(load_state, " " * 8) if load_state else ""
     forward = textwrap.indent(code.src.strip("\n"), "    ")
+    how = "" if main else ("\n# Run it standalone: python {this file}  (rebuilds the graph module, makes random "
+                           "inputs of\n# the recorded shapes/dtypes with a fixed seed, runs it and prints each output).")
+    main = main or _PRINT_OUTPUTS_MAIN
     return f'''\
-# {title or "An FX graph, rebuilt from its code."}
-# Run it standalone: python {{this file}}  (rebuilds the graph module, makes random inputs of
-# the recorded shapes/dtypes with a fixed seed, runs it and prints each output).
-import os
+# {title or "An FX graph, rebuilt from its code."}{how}
+{first_imports}import os
 
 import torch
 
@@ -210,18 +214,23 @@ def run(seed=0):
     return Repro()(*make_inputs(seed))
 
 
+{main}'''
+
+
+_PRINT_OUTPUTS_MAIN = '''\
 if __name__ == "__main__":
     outputs = run()
     for i, out in enumerate(outputs if isinstance(outputs, (list, tuple)) else [outputs]):
         if isinstance(out, torch.Tensor):
             summary = out.detach().double().sum().item() if out.numel() else 0.0
-            print(f"output {{i}}: {{tuple(out.shape)}} {{out.dtype}} sum={{summary:.6g}}")
+            print(f"output {i}: {tuple(out.shape)} {out.dtype} sum={summary:.6g}")
         else:
-            print(f"output {{i}}: {{out!r}}")
+            print(f"output {i}: {out!r}")
 '''
 
 
-def write(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]], path: str, *, title: str = "") -> str:
+def write(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]], path: str, *, title: str = "",
+          main: Optional[str] = None, first_imports: str = "") -> str:
     """Write the runnable script (and its state file when the graph reads parameters or
     submodules). Returns the script's path."""
     state = _state(gm)
@@ -233,7 +242,8 @@ def write(gm: torch.fx.GraphModule, example_inputs: Optional[Sequence[Any]], pat
         state_file = os.path.splitext(os.path.basename(path))[0] + "_state.pt"
         torch.save(state, os.path.join(os.path.dirname(path), state_file))
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render(gm, example_inputs, title=title, state_file=state_file))
+        f.write(render(gm, example_inputs, title=title, state_file=state_file, main=main,
+                       first_imports=first_imports))
     return path
 
 
