@@ -32,6 +32,14 @@ def _rank() -> Optional[int]:
         value = os.environ.get(var)
         if value is not None and value.isdigit():
             return int(value)
+    # ranks started without torchrun's variables (torch.multiprocessing.spawn): ask the
+    # process group, when the program has made one by the time of the first event
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        return None
     return None
 
 
@@ -57,6 +65,7 @@ class TraceSink:
             return False
         try:
             os.makedirs(self.directory, exist_ok=True)
+            self.rank = _rank()   # now, not at import: the process group may have come since
             prefix = "dedicated_log_torch_trace_" + (f"rank_{self.rank}_" if self.rank is not None else "")
             fd, self.path = tempfile.mkstemp(prefix=prefix, suffix=".log", dir=self.directory)
             self.file = os.fdopen(fd, "a", encoding="utf-8")
@@ -67,6 +76,20 @@ class TraceSink:
             return False
         self._write_header()
         return True
+
+    def _late_rank(self) -> None:
+        """The file was opened before the process group existed (an event at import): once
+        the rank is known, the file takes its per-rank name and the envelopes carry it."""
+        rank = _rank()
+        if rank is None or self.path is None:
+            return
+        head, tail = os.path.split(self.path)
+        new = os.path.join(head, tail.replace("dedicated_log_torch_trace_", f"dedicated_log_torch_trace_rank_{rank}_", 1))
+        try:
+            os.replace(self.path, new)   # the open file keeps being written under its new name
+        except OSError:
+            return
+        self.path, self.rank = new, rank
 
     def _write_header(self) -> None:
         torch = sys.modules.get("torch")
@@ -87,6 +110,8 @@ class TraceSink:
     def on_event(self, event: bus.Event) -> None:
         if event.name in NOT_TRACED or not self._open():
             return
+        if self.rank is None:
+            self._late_rank()
         where = f"engine/{event.stage or 'engine'}"
         if event.name in ("stage_begin", "stage_end"):
             md = event.metadata

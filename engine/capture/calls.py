@@ -21,6 +21,7 @@ import torch
 import observe
 
 from .. import config, markers
+from ..distributed import collectives, ddp
 from . import autocast as autocastmod
 from . import autograd_function, checkpoint, higher_order
 from . import numpy_ops, optimizers, runtime, skipfiles
@@ -100,6 +101,12 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn.__qualname__ == "is_compiling" and _is_torch(fn):
         return ConstantVariable(True)  # torch's older is_compiling spellings, which libraries still call
     if _is_torch(fn) and not _inlinable_torch(fn):
+        collective = collectives.collective_name(fn)
+        if collective is not None:
+            raise GraphBreak("GB0020", f"{collective} (runs eagerly between two graphs, on every rank)")
+        if collectives.is_process_query(fn) and all(tx.is_python_constant(a) for a in args) and \
+                all(tx.is_python_constant(v) for v in kwargs.values()):
+            return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
         if runtime.is_optimizer_step_wrapper(fn):
             raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__} (its inner step compiles as a graph "
                                        "of its own: engine/capture/runtime.optimizer_step)")
@@ -372,6 +379,9 @@ def call_module(tx, mv: ObjectVariable, args, kwargs):
         inner = m._orig_mod
         return call_module(tx, tx.out.builder.wrap(inner, AttrSource(mv.source, "_orig_mod")) if mv.source
                            else tx.out.builder.wrap_sourceless(inner), args, kwargs)
+    if ddp.is_ddp(m):
+        raise GraphBreak("GB0021", f"{type(m).__name__} (its forward runs eagerly; the module it wraps "
+                                   "compiles as a frame of its own)")
     if _has_hooks(m):
         return call_module_hooks_checked(tx, mv, args, kwargs)
     if type(m).__call__ is not torch.nn.Module.__call__ and isinstance(type(m).__call__, types.FunctionType) and \

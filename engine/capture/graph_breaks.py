@@ -124,6 +124,22 @@ KINDS: list[GraphBreakKind] = [
         "flow, `int()`/`float()`, indexing or printing with it needs that number now.",
         "Keep the scalar in tensor ops (`torch.where(s > 0, a, b)`, `x * s`), or use "
         "`torch.cond` for control flow on it."),
+    GraphBreakKind(
+        "GB0020", "Collective communication call",
+        "A collective (`torch.distributed.all_reduce`, `broadcast`, `barrier`, ..., or a functional "
+        "collective) talks to the other ranks; the capture does not put it in a graph. It runs "
+        "eagerly between two graphs with the real tensors, so every rank makes the same calls in "
+        "the same order and the result is eager's.",
+        "Call collectives outside the compiled function (before or after it), or accept the break. "
+        "For gradient synchronization wrap the model in DDP or FSDP, which the engine compiles "
+        "around. If ranks hang, `tlparse DIR --all-ranks-html` shows where their compiles differ."),
+    GraphBreakKind(
+        "GB0021", "Call of a DistributedDataParallel module",
+        "DDP's own forward (buffer broadcast, the gradient reducer's bookkeeping) is torch's code "
+        "and runs eagerly, as under torch.compile; the module it wraps compiles as a frame of its "
+        "own, split at gradient-bucket boundaries (`engine.config.optimize_ddp`).",
+        "Nothing to fix. To keep the surrounding code in one graph with the model, compile the "
+        "wrapped module instead: `DDP(engine.compile(model))`."),
 ]
 
 BY_ID: dict[str, GraphBreakKind] = {k.id: k for k in KINDS}

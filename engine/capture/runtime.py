@@ -21,6 +21,8 @@ import observe
 from .. import config, stance, torch_config
 from ..stance import STANCE  # engine.set_stance
 from . import routed, skipfiles
+from ..distributed import ddp
+from torch.nn.parallel import DistributedDataParallel as _DDP
 
 
 @dataclasses.dataclass
@@ -319,6 +321,8 @@ def make_trampoline(options: CompileOptions, reported=None) -> Callable:
                 return optimizer_step(fn.__self__, inner, options)
             return run_function(fn.__func__, (fn.__self__,) + args, kwargs, options, reported=reported)
         if isinstance(fn, torch.nn.Module):
+            if isinstance(fn, _DDP):   # DDP's forward runs eagerly around the wrapped module's, compiled
+                return ddp.call_ddp(fn, args, kwargs, options)
             if _plain_module_call(fn):
                 return run_function(type(fn).forward, (fn,) + args, kwargs, options, reported=reported)
             call = type(fn).__call__
@@ -414,8 +418,15 @@ def _plain_module_call(m) -> bool:
 def call_compiled_module(m, args, kwargs, options):
     """OptimizedModule.__call__: compile forward with `self` as L['self'] (hooks, if any,
     run eagerly around it)."""
+    if isinstance(m, _DDP):
+        return ddp.call_ddp(m, args, kwargs, options)
     if _plain_module_call(m):
         return run_function(type(m).forward, (m,) + tuple(args), kwargs, options)
+    call = type(m).__call__
+    if isinstance(call, types.FunctionType):
+        # hooks (FSDP2's, say): Module.__call__ is the frame, as in the trampoline, so that
+        # forward compiles while hooks the capture cannot trace run eagerly at graph breaks
+        return run_function(call, (m,) + tuple(args), kwargs, options)
     return m(*args, **kwargs)
 
 
