@@ -46,6 +46,10 @@ MAX_STEPS = 300_000
 
 _code_cache: dict = {}
 
+# engine.debug.replay's Recorder while it records (replay_record.py): each traced
+# instruction then runs through it. None: the main loop's only cost is one `is None` test.
+recorder = None
+
 
 def instructions_of(code):
     hit = _code_cache.get(code)
@@ -171,6 +175,7 @@ class Frame:
 
     def run(self) -> VariableTracker:
         insts = self.insts
+        rec = recorder
         while True:
             inst = insts[self.ip]
             self.current_inst = inst
@@ -198,7 +203,10 @@ class Frame:
             try:
                 if handler is None:
                     raise GraphBreak("GB0011", f"bytecode {inst.opname} is not supported")
-                handler(inst)
+                if rec is None:
+                    handler(inst)
+                else:
+                    rec.step(self, inst, handler)
                 out.current_frame = self
             except _Return:
                 return self.return_value

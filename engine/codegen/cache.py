@@ -19,10 +19,13 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 
 import observe
 
 from engine import config
+
+from . import cache_explain
 
 CXX = os.environ.get("CXX", "g++")
 # no -fno-trapping-math: g++ 12 then miscompiles masked loads inside `omp simd` reductions
@@ -45,6 +48,7 @@ if _has_avx512():
     FLAGS.append("-mprefer-vector-width=512")
 
 _loaded: dict[str, ctypes.CDLL] = {}
+_compile_seconds: dict[str, float] = {}   # key -> the seconds g++ took for it (from its manifest)
 
 
 @functools.lru_cache(None)
@@ -94,10 +98,14 @@ def cpu_id() -> str:
     return f"{model} (flags {flags})"
 
 
+def flags() -> list[str]:
+    return FLAGS + list(config.cpp_extra_flags)
+
+
 def key_parts(source: str) -> dict:
     return {
         "source": hashlib.sha256(source.encode()).hexdigest()[:16],
-        "flags": " ".join(FLAGS),
+        "flags": " ".join(flags()),
         "compiler": compiler_version(),
         "cpu": cpu_id(),
     }
@@ -109,19 +117,43 @@ def load_cpp(source: str, graph_key: str = "adhoc") -> ctypes.CDLL:
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
     if key in _loaded:
         observe.log("inductor", logging.DEBUG, "kernel cache: in-memory hit %s for graph %s", key, graph_key)
+        cache_explain.report("hit", graph_key, key, cache_explain.kernel_names(source),
+                             ["loaded earlier in this process"], saved_s=_compile_seconds.get(key))
         return _loaded[key]
     root = cache_dir()
     so_path = os.path.join(root, "kernels", key[:2], f"{key}.so")
     index_path = os.path.join(root, "index", f"{graph_key}.json")
+    now = cache_explain.manifest_for(key, graph_key, parts, source)
     if os.path.exists(so_path):
         observe.log("inductor", logging.INFO, "kernel cache hit: %s (graph %s) from %s", key, graph_key, so_path)
+        t0 = time.perf_counter()
+        lib = ctypes.CDLL(so_path)
+        load_s = time.perf_counter() - t0
+        previous = cache_explain.read_manifest(root, key)
+        compile_s = previous.compile_s if previous is not None else None
+        if previous is None:   # a library from before manifests were written: describe it now
+            cache_explain.write_manifest(root, now)
+        else:
+            _compile_seconds[key] = compile_s
+        cache_explain.report("hit", graph_key, key, now.kernels, [], compile_s=compile_s,
+                             saved_s=max(compile_s - load_s, 0.0) if compile_s else None)
     else:
         observe.log("inductor", logging.INFO, "kernel cache miss: %s (graph %s): %s", key, graph_key,
                     _miss_reason(index_path, parts))
+        if config.cache_dir:
+            status, (reasons, closest) = "miss", cache_explain.explain_miss(root, now)
+        else:
+            status, reasons, closest = "bypass", [
+                "no cache directory is set (ENGINE_CACHE_DIR or TORCHINDUCTOR_CACHE_DIR): compiled into this "
+                "process's temporary directory, removed at exit"], None
+        t0 = time.perf_counter()
         with observe.stage("cpp_compile"):
             _compile(source, so_path)
+        now.compile_s = _compile_seconds[key] = time.perf_counter() - t0
+        cache_explain.write_manifest(root, now)
+        cache_explain.report(status, graph_key, key, now.kernels, reasons, compile_s=now.compile_s, closest=closest)
+        lib = ctypes.CDLL(so_path)
     _write_index(index_path, parts, key)
-    lib = ctypes.CDLL(so_path)
     _loaded[key] = lib
     return lib
 
@@ -156,7 +188,7 @@ def _compile(source: str, so_path: str) -> None:
             f.write(source)
         out = os.path.join(workdir, "kernels.so")
         libs = ["-lmvec"] if "__attribute__((simd" in source else []
-        proc = subprocess.run([CXX, *FLAGS, cpp, "-o", out, *libs], capture_output=True, text=True)
+        proc = subprocess.run([CXX, *flags(), cpp, "-o", out, *libs], capture_output=True, text=True)
         if proc.returncode != 0:
             raise CompileError(f"{CXX} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         os.replace(out, so_path)   # atomic: concurrent processes see a whole library or none
