@@ -30,21 +30,12 @@ def _resolve_backend(backend):
     raise TypeError(f"backend must be a name or a callable backend(gm, example_inputs), got {type(backend).__name__}")
 
 
-_REDUCE_OVERHEAD = ("engine.compile(mode='reduce-overhead'): the engine has no CUDA graphs yet, so this runs as "
-                    "mode='default' for now (the same kernels, launched one by one).")
 _warned: set = set()
 
 
 def _options(backend, fullgraph, dynamic, mode, options):
     from .capture.runtime import CompileOptions
 
-    if mode == "reduce-overhead":
-        if mode not in _warned:
-            _warned.add(mode)
-            observe.log("inductor", logging.WARNING, "%s", _REDUCE_OVERHEAD)
-            from .capture.convert_frame import _user_stacklevel
-            warnings.warn(_REDUCE_OVERHEAD, UserWarning, stacklevel=_user_stacklevel())
-        mode = None
     if backend == "inductor" and (mode is not None or options):
         fn, name = _resolve_backend(backend)
         fn = _with_inductor_options(fn, mode, options)

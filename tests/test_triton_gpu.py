@@ -233,3 +233,23 @@ def test_max_autotune_caches_configs_on_disk(tmp_path):
         check(lambda t: torch.softmax(t * 2, -1), torch.randn(256, 1000, device=DEV), tol=1e-5, mode="max-autotune")
     files = glob.glob(str(tmp_path / "triton" / "autotune" / "*.json"))
     assert files, os.listdir(tmp_path)
+
+
+def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
+    """A 16-bit matmul with 50257 output columns writes into rows padded to 16 bytes (cuBLAS
+    takes its unaligned kernel otherwise); the results are eager's, with or without a bias."""
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 64, 256, device=DEV, dtype=torch.bfloat16)
+    for bias in (False, True):
+        head = torch.nn.Linear(256, 50257, bias=bias, device=DEV, dtype=torch.bfloat16)
+
+        def logits(x):
+            return head(torch.nn.functional.gelu(x)).float().softmax(-1)
+
+        engine.reset()
+        with logs("output_code") as code:
+            k = check(logits, x, tol=2e-2)
+        assert any(".out(" in c and "50264" in c for c in code), code
+        assert not k.hints or not any("uncompiled" in h for h in k.hints)

@@ -447,3 +447,19 @@ def test_engine_compile_inference_and_training_use_triton():
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
+
+
+def test_gathers_embedding_index_select_and_gather_load_indirectly():
+    """Token and position embeddings, layer norm, index_select and gather: the addresses come
+    from loaded indices (the emitter's indirect loads), fused with what follows them."""
+    torch.manual_seed(0)
+    tokens, positions, w = torch.randn(100, 16), torch.randn(32, 16), torch.randn(16)
+
+    def f(ids, idx):
+        h = F.embedding(ids, tokens) + F.embedding(torch.arange(ids.shape[1]), positions)
+        h = F.layer_norm(h, (16,), w)
+        return (h.sum(-1), torch.index_select(h, 1, idx) * 2,
+                torch.gather(h, 2, ids[..., None].clamp(max=15).expand(-1, -1, 4)))
+
+    ids, idx = torch.randint(0, 100, (3, 8)), torch.tensor([0, 5, 2])
+    check(f, ids, idx, rtol=1e-4, atol=1e-4, runs=[(torch.randint(0, 100, (3, 8)), torch.tensor([7, 7, 1]))])

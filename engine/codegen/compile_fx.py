@@ -19,6 +19,7 @@ from torch.utils import _pytree as pytree
 import observe
 
 from . import values as V
+from . import cache_explain
 from .cache import has_vector_math
 from .cpp import prelude, render_kernel
 from .graph import GraphLowering, Unsupported
@@ -46,6 +47,9 @@ class CompiledGraph:
         self.artifacts = artifacts or {}
         self.extern_ops: list = []
         self.fallback_ops: list = []
+        self.mutated_args: frozenset = frozenset()   # input positions the graph writes in place
+        n = out_spec.num_leaves    # the usual output, a flat list, is the wrapper's list as it is
+        self._flat_list = pytree.tree_unflatten(list(range(n)), out_spec) == list(range(n))
 
     def __call__(self, *args):
         if self._call is None:
@@ -56,7 +60,7 @@ class CompiledGraph:
             _hint("an input mutated in place arrived with other strides than at compile time: "
                   "running the aten graph for this call")
             return self.gm(*args)
-        return pytree.tree_unflatten(outs, self.out_spec)
+        return outs if self._flat_list else pytree.tree_unflatten(outs, self.out_spec)
 
 
 def _hint(msg, *args):
@@ -108,6 +112,7 @@ def uncompiled(gm, out_spec, exc: Exception, what: str, level: int) -> CompiledG
     observe.log("inductor", level, what + " could not compile this graph, running its aten ops: %s", reason)
     observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
     _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
+    cache_explain.report("bypass", "(not compiled)", None, [], [f"{what} could not compile this graph: {reason}"])
     return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
 
 
@@ -164,6 +169,8 @@ def finish(gm, g, sched, module, out_spec, wrapper_src, n_kernels: int, artifact
     compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, n_kernels, n_externs, artifacts=artifacts)
     compiled.extern_ops = list(g.extern_ops)
     compiled.fallback_ops = list(g.fallback_ops)
+    compiled.mutated_args = frozenset(b.arg_index for b in g.inputs if b is not None and b.arg_index >= 0
+                                      and b.name in g.mutated_inputs)
     _last[0] = compiled
     return compiled
 
@@ -172,7 +179,10 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
     from . import triton as triton_codegen
     triton_codegen.start_workers(example_inputs)
     key, g, sched, ir_pre = lower_and_schedule(gm, example_inputs)
+    cache_explain.describe_graph(key, gm, example_inputs)   # what a kernel cache miss is explained against
     if triton_codegen.wanted(g):     # CUDA tensors (or config.triton_interpret): the Triton emitter
+        cache_explain.report("bypass", key, None, [], ["Triton kernels: cached by Triton's own cache "
+                                                       "(TRITON_CACHE_DIR), not explained here"])
         return triton_codegen.compile_triton(gm, g, sched, out_spec, key, ir_pre)
 
     with observe.stage("codegen"):
@@ -187,6 +197,8 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
                 _kernel_hints(step, g)
         cpp_source = prelude(has_vector_math()) + "\n" + "\n".join(kernel_srcs)
         wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key)
+        if not kernel_sigs:
+            cache_explain.report("bypass", key, None, [], ["no generated kernels: every op runs as an aten call"])
     module = load_wrapper(wrapper_src, key, g)      # compiles (or loads from the cache) the kernels
     ir_post = _post_fusion_text(sched)
     artifacts = {

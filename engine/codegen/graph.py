@@ -417,8 +417,33 @@ class GraphLowering:
         if fake is None:
             raise Unsupported(f"no metadata (node.meta['val']) for {op}")
         result = make_out(fake, ())
+        padded = _padded_matmul_layout(op, outputs)
+        if padded is not None:
+            outputs[0].layout = self.buffer_layouts[outputs[0].name] = padded
+            outputs[0].padded = True
+            result = strided_value(outputs[0].name, padded)
         self.nodes.append(ExternKernel(name, op, args, kwargs, outputs, reads, mutates, origins))
         return result
+
+
+_PADDED_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+
+
+def _padded_matmul_layout(op, outputs):
+    """A 16-bit CUDA matmul whose output rows are not a multiple of 16 bytes (a vocabulary of
+    50257 or 30522 logits) makes cuBLAS fall back to a kernel for unaligned matrices, several
+    times slower: its result gets rows padded to 16 bytes (written through `out=`), and is
+    read through that stride. None when that does not apply."""
+    if op not in _PADDED_MATMULS or len(outputs) != 1:
+        return None
+    lay = outputs[0].layout
+    if lay.device.type != "cuda" or lay.dtype not in (torch.float16, torch.bfloat16) or len(lay.sizes) != 2:
+        return None
+    m, n = lay.sizes
+    if not (n.is_Integer and m.is_Integer) or int(n) % 8 == 0 or int(n) < 256 or tuple(lay.strides) != (n, 1):
+        return None
+    padded = (int(n) + 7) // 8 * 8
+    return Layout(lay.sizes, (sympy.Integer(padded), sympy.Integer(1)), lay.dtype, lay.device, 0)
 
 
 def _lowerable(fake) -> bool:

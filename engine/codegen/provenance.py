@@ -14,6 +14,9 @@ from engine.user_frames import UserFrame, user_frames
 from .ir import ExternKernel
 
 
+STACK_FRAMES = 4    # the calls kept above each line (a real model's whole stack, per line, is most of the record)
+
+
 @dataclasses.dataclass
 class KernelOrigin:
     kernel: str                 # the kernel's name, or the extern call's result buffer
@@ -22,7 +25,7 @@ class KernelOrigin:
     aten: list                  # aten node names, in graph order
     fx: list                    # captured FX node names
     lines: list                 # UserFrame: the innermost user frame of each, deduplicated
-    stacks: list                # per line, its inline stack (outer frames, outermost first)
+    stacks: list                # per line, the nearest calls that led to it (outermost first)
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "kind": self.kind, "op": self.op, "aten": self.aten, "fx": self.fx,
@@ -70,7 +73,7 @@ def kernel_origins(gm, steps) -> list[KernelOrigin]:
             frames = user_frames(node)
             if frames and frames[-1] not in lines:
                 lines.append(frames[-1])
-                stacks.append(frames[:-1])
+                stacks.append(frames[-1 - STACK_FRAMES:-1])
         extern = isinstance(step, ExternKernel)
         op = f"{step.op.namespace}.{step.op._opname}.{step.op._overloadname}" if extern else ""
         out.append(KernelOrigin(step.name, "extern" if extern else "fused", op, aten, fx, lines, stacks))

@@ -311,6 +311,8 @@ class TritonKernel:
     def is_r(self, v: V.Value) -> bool:
         """Whether a value varies along the inner (reduction) range of the tile."""
         for node in V.walk(v):
+            if node.kind == "iload" and sympy.sympify(node.extra[0]).free_symbols & self.r_vars:
+                return True
             if node.kind in ("load", "index"):
                 if node.kind == "load":
                     hit = self.local(node.name, node.extra)
@@ -363,6 +365,8 @@ class TritonKernel:
             if buf_dt != v.dtype:
                 load += f".to({TL_TYPES[v.dtype]})"
             return load
+        if v.kind == "iload":
+            return self._indirect_load(v, scope, top, mask_ctx)
         if v.kind == "const":
             dt = v.dtype
             return f"tl.full([{', '.join(['1'] * (2 if self.reduction else 1))}], {tl_const(v.extra, dt)}, {TL_TYPES[dt]})"
@@ -377,6 +381,32 @@ class TritonKernel:
             return f"tl.where({mask}, {body}, {tl_const(v.extra, v.dtype)})"
         args = [self.emit(a, scope, top, mask_ctx) for a in v.args]
         return self._op(v, args)
+
+    def _indirect_load(self, v, scope, top, mask_ctx) -> str:
+        """A gather (embedding, index_select): the address holds values loaded first (the
+        bindings, e.g. token ids), which the index expression names by placeholder symbols."""
+        expr, syms = v.extra
+        names = [self.emit(a, scope, top, mask_ctx) for a in v.args]
+        e = sympy.sympify(expr)
+        text = self.index(e)
+        self.symbols -= set(syms)                  # placeholders, not kernel arguments
+        for sym, name in zip(syms, names):
+            text = re.sub(rf"\b{re.escape(str(sym))}\b", f"({name})", text)
+        used = e.free_symbols - set(syms)
+        for a in v.args:
+            for ld in V.loads(a):
+                x = ld.extra[0] if ld.kind == "iload" else ld.extra
+                used |= sympy.sympify(x).free_symbols
+        masks = list(mask_ctx)
+        if used & self.r_vars:
+            masks.insert(0, "rmask")
+        if used & set(self.fk.outer_vars) or (used & self.r_vars and self.reduction):
+            masks.insert(0, "xmask")
+        ptr = self.param(v.name)
+        load = f"tl.load({ptr} + ({text}), {' & '.join(masks)}, other=0)" if masks else f"tl.load({ptr} + ({text}))"
+        if self.layouts[v.name].dtype != v.dtype:
+            load += f".to({TL_TYPES[v.dtype]})"
+        return load
 
     def _op(self, v, args) -> str:
         name, dt = v.name, v.dtype
@@ -530,6 +560,8 @@ class TritonKernel:
         for m in self.fk.members:
             for ld in V.loads(m.value):
                 e = sympy.sympify(ld.extra)
+                if not isinstance(e, sympy.Expr):   # several index parts (a gathered load): no vote
+                    continue
                 rs = [r for r in e.free_symbols & self.r_vars]
                 if not rs:
                     continue

@@ -184,22 +184,38 @@ class DirectLaunch:
     def _hooked(self) -> bool:
         """A launch hook is installed (Triton 3.6 keeps them in chains, empty when none)."""
         rt = self.knobs.runtime
-        return any(h is not None and getattr(h, "calls", True) for h in (rt.launch_enter_hook, rt.launch_exit_hook))
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        if type(enter) is type(exit_) and hasattr(enter, "calls"):   # the per-launch fast path
+            return bool(enter.calls or exit_.calls)
+        return any(h is not None and getattr(h, "calls", True) for h in (enter, exit_))
 
-    def launch(self, fn, grid, args, kw, cfg) -> bool:
-        """Launch fn our way; False when Triton's dispatch must (and has not yet) run it."""
+    def launch(self, fn, grid, args, kw, cfg):
+        """Launch fn our way: the (kernel, specialization, device) it ran with, or None when
+        Triton's dispatch must (and has not yet) run it."""
         spec, values = self.bind(args)
         if spec is None or self._hooked():
-            return False
+            return None
         device = self.driver.get_current_device()
         key = self._key(fn, cfg, device, spec)
         kernel = self.kernels.get(key)
         if kernel is None:
             if key in self.kernels:
-                return False                 # known to need Triton's launcher
+                return None                  # known to need Triton's launcher
             kernel = self.kernels[key] = self._load(fn, grid, args, kw, device, key)
             if kernel is None:
-                return False
+                return None
+        kernel(grid, self.driver.get_current_stream(device), values)
+        self.hits += 1
+        return kernel, spec, device
+
+    def relaunch(self, plan, args) -> bool:
+        """A launch like the last one of a Launcher at these sizes (`plan`: its kernel, grid,
+        specialization and device), without looking anything up; False when the arguments
+        specialize differently (a pointer's alignment), the device changed or a hook is on."""
+        kernel, grid, spec, device = plan
+        s, values = self.bind(args)
+        if s != spec or self._hooked() or self.driver.get_current_device() != device:
+            return False
         kernel(grid, self.driver.get_current_stream(device), values)
         self.hits += 1
         return True
@@ -287,6 +303,7 @@ class Launcher:
         self.source_hash = source_hash
         self.configs: dict = {}
         self.direct = None if interpret else DirectLaunch.create()
+        self.plans: dict = {}                  # (xnumel, rnumel) -> the last direct launch, repeated as is
 
     def shape(self, xnumel: int, rnumel: int, args=()) -> Shape:
         split = bool(self.split_slots)
@@ -307,8 +324,11 @@ class Launcher:
     def __call__(self, *args, xnumel, rnumel=1):
         if xnumel == 0 or rnumel == 0 and self.kind == "pointwise":
             return
+        plan = self.plans.get((xnumel, rnumel))
+        if plan is not None and self.direct.relaunch(plan, (*args, xnumel)):
+            return
         cfg = self.config_for(args, xnumel, rnumel)
-        self._launch(cfg, args, xnumel)
+        self._launch(cfg, args, xnumel, rnumel)
 
     def precompile(self, *args, xnumel, rnumel=1, early=False) -> list:
         """Start compiling (no launch) the binaries the first call will need; returns their
@@ -342,12 +362,16 @@ class Launcher:
         ws = torch.empty(self.split_slots * cfg.NSPLIT * xnumel, dtype=torch.float32, device=_device_of(args))
         return [(self.split_fn, (blocks, cfg.NSPLIT), (ws, *args)), (self.fn, (blocks,), (ws, *args))]
 
-    def _launch(self, cfg: Config, args, xnumel):
+    def _launch(self, cfg: Config, args, xnumel, rnumel=1):
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
         for fn, grid, a in self._kernels(cfg, args, xnumel):
             a = (*a, xnumel)
-            if self.direct is None or not self.direct.launch(fn, grid, a, kw, cfg):
+            done = self.direct.launch(fn, grid, a, kw, cfg) if self.direct is not None else None
+            if done is None:
                 fn[grid](*a, **kw)
+            elif not self.split_slots and not self.autotune:   # one kernel: the next call repeats it
+                kernel, spec, device = done
+                self.plans[(xnumel, rnumel)] = (kernel, grid, spec, device)
 
     # -- max-autotune ------------------------------------------------------------------
     def _cache_path(self, s: Shape) -> str:

@@ -1,0 +1,100 @@
+"""Host time per call of a compiled graph on the GPU: a one-kernel graph and a graph of
+about 100 kernels, on tensors small enough that the GPU waits for the host. Eager,
+torch.compile (default, reduce-overhead) and ours (default, reduce-overhead), one run:
+
+    python -m tests.bench.bench_host_overhead [--calls 500] [--profile]
+
+Per graph and implementation: microseconds per call (wall time of many calls, one
+synchronize at the end: the rate the host issues them; the best of 7 rounds), and the
+ratio to torch.compile's in the same mode."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+import engine  # noqa: E402
+
+DEV = "cuda"
+
+
+def one_kernel(x, y):
+    return (x * y + 1).relu()
+
+
+def hundred_kernels(x, ws):
+    for w in ws:                      # 50 matmuls (extern calls) and 50 softmax kernels
+        x = torch.softmax(x @ w, dim=-1)
+    return x
+
+
+def graphs():
+    x, y = torch.randn(1024, device=DEV), torch.randn(1024, device=DEV)
+    h = torch.randn(16, 64, device=DEV)
+    ws = [torch.randn(64, 64, device=DEV) / 8 for _ in range(50)]
+    return {"1 kernel": (one_kernel, (x, y)), "~100 kernels": (hundred_kernels, (h, ws))}
+
+
+def compiled(impl, fn):
+    mode = "reduce-overhead" if impl.endswith("-ro") else None
+    if impl == "eager":
+        return fn
+    if impl.startswith("torch"):
+        import torch._dynamo
+        torch._dynamo.reset()
+        return torch.compile(fn, mode=mode)
+    engine.reset()
+    return engine.compile(fn, mode=mode)
+
+
+def us_per_call(fn, args, calls: int, rounds: int = 7) -> float:
+    """The best of `rounds` rounds (a busy host only ever makes a round slower)."""
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(5):
+            fn(*args)
+        for _ in range(rounds):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(*args)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--profile", action="store_true", help="cProfile ours (default mode) per graph instead")
+    args = ap.parse_args(argv)
+    if args.profile:
+        import cProfile
+        import pstats
+        for name, (fn, a) in graphs().items():
+            f = compiled("ours", fn)
+            us_per_call(f, a, 10)
+            prof = cProfile.Profile()
+            with torch.no_grad():
+                prof.runcall(lambda: [f(*a) for _ in range(args.calls)])
+            print(f"== {name}: {args.calls} calls")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+        return
+    impls = ["eager", "torch", "ours", "torch-ro", "ours-ro"]
+    print(f"{torch.cuda.get_device_name()}: microseconds per call")
+    print(f"{'graph':14} " + " ".join(f"{i:>9}" for i in impls) + f" {'ours/torch':>11} {'ro: ours/torch':>15}")
+    for name, (fn, a) in graphs().items():
+        us = {i: us_per_call(compiled(i, fn), a, args.calls) for i in impls}
+        print(f"{name:14} " + " ".join(f"{us[i]:9.1f}" for i in impls)
+              + f" {us['ours'] / us['torch']:11.2f} {us['ours-ro'] / us['torch-ro']:15.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

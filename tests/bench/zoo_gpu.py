@@ -1,0 +1,257 @@
+"""The zoo's models at real sizes on the GPU, bf16: eager, torch.compile (default and
+reduce-overhead) and ours (default and reduce-overhead), side by side in one run.
+
+    python -m tests.bench.zoo_gpu                        # every model, inference and training
+    python -m tests.bench.zoo_gpu --models gpt2,vit --impls eager,torch,ours --iters 20
+    python -m tests.bench.zoo_gpu --models gpt2 --train '' --profile   # GPU busy time, top kernels
+
+Inference (torch.no_grad, bf16 weights): GPT-2 124M on 8x512 tokens, a Llama-style ~1B
+(16 layers, d=2048, GQA) on 4x512, BERT-base 16x256, T5-base 8x256 (encoder and decoder),
+ViT-B/16 and ResNet-50 on 32x3x224x224 (torchvision), Whisper-small's encoder on 8 clips.
+Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 and the Llama.
+Per model and implementation: ms per call (CUDA events, median of --iters after warm-up),
+speedup over eager, cold compile seconds (the calls until the first timed one, fresh caches),
+peak memory (GiB); then geomeans of the speedups per implementation, inference and training
+apart. Each (model, implementation) runs in its own try/except. With $OUT set (or --json)
+the rows are written as JSON too."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+_TMP = tempfile.mkdtemp(prefix="zoo-gpu-")
+os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_TMP, "triton"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "inductor"))
+os.environ.setdefault("ENGINE_CACHE_DIR", os.path.join(_TMP, "engine"))
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+import torch  # noqa: E402
+
+import engine  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+IMPLS = ["eager", "torch", "torch-ro", "ours", "ours-ro"]
+
+
+def _tf():
+    import transformers
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _ids(b, s, vocab, g):
+    return torch.randint(3, vocab, (b, s), device=DEV, generator=g)
+
+
+def build(name: str, train: bool):
+    """(model, inputs dict or tuple, loss fn of the output)"""
+    g = torch.Generator(device=DEV).manual_seed(0)
+    torch.manual_seed(0)
+    tf = _tf() if name in ("gpt2", "llama", "bert", "t5", "whisper") else None
+    if name == "gpt2":
+        m = tf.GPT2LMHeadModel(tf.GPT2Config())
+        ids = _ids(8, 512, 50257, g)
+        return m, {"input_ids": ids, "labels": ids} if train else {"input_ids": ids}, lambda o: o.loss
+    if name == "llama":
+        cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
+                             num_key_value_heads=8, vocab_size=32000, max_position_embeddings=1024)
+        m = tf.LlamaForCausalLM(cfg)
+        ids = _ids(4, 512, 32000, g)
+        return m, {"input_ids": ids, "labels": ids} if train else {"input_ids": ids}, lambda o: o.loss
+    if name == "bert":
+        m = tf.BertForMaskedLM(tf.BertConfig())
+        return m, {"input_ids": _ids(16, 256, 30522, g)}, lambda o: o.logits.float().mean()
+    if name == "t5":
+        cfg = tf.T5Config(d_model=768, d_ff=3072, num_layers=12, num_decoder_layers=12, num_heads=12, d_kv=64)
+        m = tf.T5ForConditionalGeneration(cfg)
+        return m, {"input_ids": _ids(8, 256, 32128, g), "decoder_input_ids": _ids(8, 256, 32128, g)}, \
+            lambda o: o.logits.float().mean()
+    if name == "whisper":
+        cfg = tf.WhisperConfig(d_model=768, encoder_layers=12, encoder_attention_heads=12, decoder_layers=12,
+                               decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)
+        m = tf.WhisperModel(cfg).get_encoder()
+        feats = torch.randn(8, 80, 3000, device=DEV, generator=g)
+        return m, {"input_features": feats}, lambda o: o.last_hidden_state.float().mean()
+    if name in ("vit", "resnet50"):
+        import torchvision
+        m = torchvision.models.vit_b_16() if name == "vit" else torchvision.models.resnet50()
+        x = torch.randn(32, 3, 224, 224, device=DEV, generator=g)
+        return m, (x,), lambda o: o.float().mean()
+    raise KeyError(name)
+
+
+INFER = ["gpt2", "llama", "bert", "t5", "vit", "resnet50", "whisper"]
+TRAIN = ["gpt2", "llama"]
+
+
+def compiled(impl: str, fn):
+    if impl == "eager":
+        return fn
+    mode = "reduce-overhead" if impl.endswith("-ro") else None
+    if impl.startswith("torch"):
+        import torch._dynamo
+        torch._dynamo.reset()
+        return torch.compile(fn, mode=mode)
+    engine.reset()
+    return engine.compile(fn, mode=mode)
+
+
+def measure(call, iters: int, warm: int):
+    """(cold seconds of the first `warm` calls, median ms of the next `iters`)"""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(warm):
+        call()
+    torch.cuda.synchronize()
+    cold = time.perf_counter() - t0
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return cold, statistics.median(times)
+
+
+def fresh_caches(tag: str) -> None:
+    """Empty cache folders for each (model, implementation): cold compiles are cold."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(_TMP, tag, "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_TMP, tag, "inductor")
+    engine.config.cache_dir = os.path.join(_TMP, tag, "engine")
+
+
+def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
+    fresh_caches(f"{name}-{train}-{impl}")
+    model, inputs, loss_of = build(name, train)
+    model = model.to(DEV)
+    if not train:
+        model = model.to(BF16).eval()
+        if isinstance(inputs, dict) and "input_features" in inputs:
+            inputs = {k: v.to(BF16) for k, v in inputs.items()}
+        elif isinstance(inputs, tuple):
+            inputs = tuple(x.to(BF16) for x in inputs)
+
+        def fwd(m, inp):
+            with torch.no_grad():
+                return m(**inp) if isinstance(inp, dict) else m(*inp)
+        fn = compiled(impl, fwd)
+        call = lambda: fn(model, inputs)    # noqa: E731
+    else:
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(m, o, inp):
+            with torch.autocast(DEV, dtype=BF16):
+                loss = loss_of(m(**inp))
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        fn = compiled(impl, step)
+        call = lambda: fn(model, opt, inputs)    # noqa: E731
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cold, ms = measure(call, iters, warm=3 if impl.endswith("-ro") else 2)
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    row = {"model": name, "mode": "train" if train else "infer", "impl": impl, "ms": ms, "cold_s": cold,
+           "peak_gib": peak}
+    if PROFILE:
+        row["gpu_ms"], row["top_kernels"] = top_kernels(call)
+    del model, fn, call
+    return row
+
+
+PROFILE = False
+
+
+def top_kernels(call, n=10, steps=3):
+    """(GPU busy ms per call, its n most expensive kernels: [name, ms per call, launches per call])."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count / steps) for e in prof.key_averages()
+            if e.self_device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return round(sum(r[1] for r in rows), 3), [[k[:90], round(ms, 3), c] for k, ms, c in rows[:n]]
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(INFER), help="inference models: " + ",".join(INFER))
+    ap.add_argument("--train", default=",".join(TRAIN), help="training models ('' for none): " + ",".join(TRAIN))
+    ap.add_argument("--impls", default=",".join(IMPLS), help=",".join(IMPLS))
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
+    args = ap.parse_args(argv)
+    global PROFILE
+    PROFILE = args.profile
+    impls = args.impls.split(",")
+    rows = []
+    work = [(m, False) for m in args.models.split(",") if m] + [(m, True) for m in args.train.split(",") if m]
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8}", flush=True)
+    for name, train in work:
+        eager_ms = None
+        for impl in impls:
+            try:
+                r = run_one(name, train, impl, args.iters)
+            except Exception as exc:
+                traceback.print_exc()
+                r = {"model": name, "mode": "train" if train else "infer", "impl": impl,
+                     "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rows.append(r)
+            if impl == "eager" and "ms" in r:
+                eager_ms = r["ms"]
+            if "ms" in r:
+                r["speedup"] = eager_ms / r["ms"] if eager_ms else None
+                print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
+                      f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f}", flush=True)
+                if "top_kernels" in r:
+                    print(f"    GPU busy {r['gpu_ms']} ms a call; top kernels (ms, launches a call):")
+                    for k, kms, c in r["top_kernels"]:
+                        print(f"      {kms:8.3f} {c:6.1f}  {k}")
+            else:
+                print(f"{name:10} {r['mode']:5} {impl:9} error: {r['error']}", flush=True)
+            torch.cuda.empty_cache()
+    print("\ngeomean speedup over eager:")
+    summary = {}
+    for mode in ("infer", "train"):
+        for impl in impls[1:] if impls[0] == "eager" else impls:
+            g = geomean([r.get("speedup") for r in rows if r["mode"] == mode and r["impl"] == impl])
+            summary[f"{mode}/{impl}"] = g
+            print(f"  {mode:5} {impl:9} {g:.3f}")
+    for mode in ("infer", "train"):
+        for ours, theirs in (("ours", "torch"), ("ours-ro", "torch-ro")):
+            a, b = summary.get(f"{mode}/{ours}"), summary.get(f"{mode}/{theirs}")
+            if a and b and not math.isnan(a) and not math.isnan(b):
+                print(f"  {mode:5} {ours} / {theirs}: {a / b:.3f}")
+    path = args.json or (os.path.join(os.environ["OUT"], "zoo_gpu.json") if os.environ.get("OUT") else None)
+    if path:
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "geomeans": summary}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
