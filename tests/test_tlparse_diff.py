@@ -72,7 +72,7 @@ def test_html_diff_links_both_reports_and_they_link_back(runs):
     assert main(["diff", str(before), str(after), "-o", str(out), "--no-browser"]) == 1
     index = (out / "index.html").read_text()
     assert 'href="run_a/index.html"' in index and 'href="run_b/index.html"' in index
-    assert "<td>appeared</td>" in index and "print(&quot;debug:&quot;, y.shape)" in index   # escaped
+    assert "<td>appeared</td>" in index and "print(&#34;debug:&#34;, y.shape)" in index   # escaped
     assert 'href="run_b/compiles/0_1.html"' in index                                     # the new compile
     for run in ("run_a", "run_b"):
         assert 'href="../index.html">diff</a>' in (out / run / "index.html").read_text()

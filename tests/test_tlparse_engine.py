@@ -63,7 +63,7 @@ def test_graph_break_and_its_resume_function(engine_report):
     index = (out / "index.html").read_text()
     breaks = index.split('id="breaks"')[1].split('id="recompiles"')[0]
     assert breaks.count('<b id="break-') == 1
-    assert f"{root}/prog.py:8" in breaks and "print(&quot;hello from f&quot;)" in breaks
+    assert f"{root}/prog.py:8" in breaks and "print(&#34;hello from f&#34;)" in breaks
     assert "[0/0]" in breaks and "resumed" in breaks    # the resume function it caused is linked
     directory = json.loads((out / "compile_directory.json").read_text())
     assert directory["[0/0]"]["status"] in ("ok", "restart")   # broke on print() (restarting or not)
@@ -77,12 +77,12 @@ def test_recompiles_name_the_failing_guard(engine_report):
     _, out = engine_report
     recompiles = (out / "index.html").read_text().split('id="recompiles"')[1].split('id="failures"')[0]
     assert "g <span class=muted>" in recompiles and "3 compiles" in recompiles
-    assert "L[&#x27;c&#x27;] == 0.5" in recompiles
+    assert "L[&#39;c&#39;] == 0.5" in recompiles
     # each row: the guard, what it expected, what it saw, and the user line that made it
-    assert ("<td><code>L[&#x27;c&#x27;] == 0.5</code> <span class=\"muted\">(entry 2/0)</span></td>"
+    assert ("<td><code>L[&#39;c&#39;] == 0.5</code> <span class=\"muted\">(entry 2/0)</span></td>"
             "<td>0.5</td><td>1.5</td><td>prog.py:13 in g<br><code>return x * c</code></td>") in recompiles
     # a shape guard (duck sizing tied y to x) has its user line too
-    assert ("<td><code>L[&#x27;y&#x27;].size()[0] == L[&#x27;x&#x27;].size()[0]</code> <span class=\"muted\">"
+    assert ("<td><code>L[&#39;y&#39;].size()[0] == L[&#39;x&#39;].size()[0]</code> <span class=\"muted\">"
             "(entry 3/0)</span></td><td>true</td><td>false (1 == 6)</td><td>prog.py:17 in h<br>"
             "<code>return x + y</code></td>") in recompiles
 

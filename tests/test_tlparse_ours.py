@@ -104,10 +104,10 @@ def test_our_trace_renders_breaks_resumes_recompiles(tmp_path):
     # the structured event and the text artifact are one break, at the user's line, with its hint
     assert breaks.count('<b id="break-') == 1
     assert "Call to a builtin that cannot be traced" in breaks and "/home/me/train.py:5" in breaks
-    assert "Move the call out of the compiled function." in breaks and "print(&#x27;hi&#x27;)" in breaks
+    assert "Move the call out of the compiled function." in breaks and "print(&#39;hi&#39;)" in breaks
     assert "[1/0]" in breaks and "375.0 ms" not in breaks and "125.0 ms" in breaks  # cost: the resume compile
     recompiles = index.split('id="recompiles"')[1].split('id="failures"')[0]
-    assert "L[&#x27;x&#x27;].size()[0] == 3" in recompiles
+    assert "L[&#39;x&#39;].size()[0] == 3" in recompiles
     assert "<td>3</td><td>4</td>" in recompiles and "y = x.sin()" in recompiles
     trie = index.split('id="trie"')[1]
     assert 'status-ok" href="compiles/0_0.html"' in trie and 'status-resumed" href="compiles/1_0.html"' in trie
@@ -121,7 +121,7 @@ def test_compile_page_has_every_stage_output(tmp_path):
                   "output code", "kernels", "metrics"):
         assert re.search(rf'<a href="[^"]+">{label}</a>', page), label
     kernel = next(out.glob("artifacts/0_0-*_kernel_code.html")).read_text()
-    assert '<pre data-lang="cpp">' in kernel and "extern &quot;C&quot;" not in kernel and 'extern "C"' in kernel
+    assert '<pre data-lang="cpp">' in kernel and "extern &#34;C&#34;" not in kernel and 'extern "C"' in kernel
     stages = page.split("Time per stage")[1]
     for stage in ("entire_frame_compile", "bytecode_tracing", "aot", "inductor"):
         assert stage in stages

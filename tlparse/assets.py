@@ -46,6 +46,11 @@ details > summary { cursor: pointer; }
 .hl-num { color: #b05a00; } .hl-fn { color: #0b5cad; } .hl-op { color: #c2185b; } .hl-ty { color: #00758f; }
 #results li { margin: 6px 0; } #results .snip { display: block; color: var(--mute); font-family: ui-monospace, Menlo, monospace; font-size: 12px; white-space: pre-wrap; }
 mark { background: #ffe27a; }
+.picture { overflow: auto; max-height: 720px; border: 1px solid var(--line); background: #fff; margin: 6px 0 12px; }
+svg.chart text { font: 12px system-ui, sans-serif; fill: #1d232b; } svg.chart text.label { text-anchor: end; }
+svg.chart text.total { fill: var(--mute); }
+.kernel-swatch { display: inline-block; width: 12px; height: 12px; border: 1px solid #39424c; border-radius: 2px; padding: 0 !important; vertical-align: middle; }
+table.fixfirst td { max-width: 420px; }
 """
 
 JS = r"""

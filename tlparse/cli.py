@@ -6,6 +6,7 @@
     tlparse trace.log --plain-text -o out        # text files that diff cleanly
     tlparse trace.log --strict                   # exit 1 if any line could not be parsed
     tlparse diff RUN_A RUN_B -o out              # what changed between two runs (exit 1: new breaks/recompiles)
+    tlparse run [--open] script.py ARGS...       # trace the script, render its report, exit with its status
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import argparse
 import os
 import shlex
 import shutil
+import subprocess
 import sys
+import tempfile
 import webbrowser
 from typing import Optional
 
@@ -75,10 +78,61 @@ def diff_main(argv: list[str]) -> int:
     return 1 if d.regressed else 0
 
 
+def run_main(argv: list[str]) -> int:
+    """Run a Python script with TORCH_TRACE set to a fresh directory, render the report of
+    what it wrote and say where it is; the exit status is the script's."""
+    ap = argparse.ArgumentParser(prog="tlparse run", description="Run a Python script with TORCH_TRACE set to a "
+                                 "fresh directory, then render its report. Exits with the script's exit status.")
+    ap.add_argument("--open", action="store_true", help="open the report in a browser")
+    ap.add_argument("-o", "--output", help="report directory (default: report/ next to the trace, in a fresh "
+                    "temporary directory)")
+    ap.add_argument("-p", "--plain-text", action="store_true", help="write text files, not HTML")
+    ap.add_argument("script", help="the Python script to run")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    args = ap.parse_args(argv)
+    if not os.path.isfile(args.script):
+        print(f"tlparse run: error: {args.script}: no such file", file=sys.stderr)
+        return 2
+    if args.output and os.path.exists(args.output):
+        print(f"tlparse run: error: {args.output} exists (pick another -o)", file=sys.stderr)
+        return 2
+    root = tempfile.mkdtemp(prefix="tlparse_run_")
+    trace_dir = os.path.join(root, "trace")
+    out = args.output or os.path.join(root, "report")
+    env = {**os.environ, "TORCH_TRACE": trace_dir}
+    proc = subprocess.Popen([sys.executable, args.script, *args.args], env=env)
+    try:
+        status = proc.wait()
+    except KeyboardInterrupt:       # the script got the Ctrl-C too: report what it traced so far
+        status = proc.wait()
+    status = 128 - status if status < 0 else status      # killed by a signal: as a shell says it
+    print(f"tlparse run: {args.script} exited with status {status}; trace: {trace_dir}", file=sys.stderr)
+    try:
+        logs = find_logs(trace_dir, False, True)
+    except UsageError:
+        print("tlparse run: the script wrote no trace (nothing was compiled, or it does not use the engine "
+              "or torch.compile): no report", file=sys.stderr)
+        return status
+    opts = Options(plain=args.plain_text, command="tlparse run " + " ".join(shlex.quote(a) for a in argv))
+    if len(logs) > 1:
+        from .ranks import render_ranks
+        render_ranks(logs, out, opts)
+    else:
+        from .report import render_log
+        render_log(logs, out, opts)
+    index = os.path.abspath(os.path.join(out, "index.txt" if args.plain_text else "index.html"))
+    print(f"tlparse run: report: {index}", file=sys.stderr)
+    if args.open and not args.plain_text:
+        webbrowser.open("file://" + index)
+    return status
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     raw = sys.argv[1:] if argv is None else argv
     if raw and raw[0] == "diff" and not os.path.exists("diff"):
         return diff_main(list(raw[1:]))
+    if raw and raw[0] == "run" and not os.path.exists("run"):
+        return run_main(list(raw[1:]))
     ap = argparse.ArgumentParser(prog="tlparse", description="Turn a TORCH_TRACE directory or log file into an "
                                  "HTML report of what the compiler did.")
     ap.add_argument("path", help="a TORCH_TRACE directory or one log file")

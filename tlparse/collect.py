@@ -11,8 +11,12 @@ import sys
 from typing import BinaryIO, Optional
 
 from . import interpret
-from .html_util import code_block, esc, page
+from . import pictures
+from .templating import render
 from .writer import FileWriter
+from .provenance import ProvenanceIndex
+from .cache_report import CacheIndex
+from .replay import ReplayIndex
 from .model import Artifact, BreakGroup, Compile, CompileKey, Unparsed, compile_label, compile_slug
 from .reader import Record, decode_json, read_records
 
@@ -159,6 +163,13 @@ class Collector:
         self.artifact_no = 0
         self._chromium_stacks: dict = {}
         self.first_ts: Optional[str] = None
+        self.graph_shapes: dict = {}              # compile key -> pictures.GraphShape of its captured graph
+        self._shape_cache: dict = {}              # md5 of a graph's text -> its GraphShape (or None)
+        self.kernel_of: dict = {}                 # compile key -> {fx node name: kernel it was fused into}
+        self.stage_depth: dict[str, int] = {}     # stage name -> least nesting seen (0: outermost)
+        self.cache = CacheIndex()                # kernel_cache_{hit,miss,bypass} artifacts
+        self.replays = ReplayIndex()             # replay_record artifacts (engine.debug.replay)
+        self.provenance = ProvenanceIndex()      # kernel_provenance artifacts: kernels <-> user lines
 
     # ---- the pass
     def consume_stream(self, stream: BinaryIO, chunk: Optional[int] = None) -> None:
@@ -235,6 +246,8 @@ class Collector:
             url = self._artifact(comp, attempt, name, payload, md5, r.lineno, encoding)
             if kind == "dynamo_output_graph":
                 comp.graph_url = url
+            elif kind == "inductor_output_code" and isinstance(meta, dict):
+                self.provenance.note_output_code(str(meta.get("filename") or ""), url)
             if kind == "artifact":
                 self._artifact_meaning(comp, name, payload, url)
         elif kind not in ("dynamo_start",):
@@ -322,17 +335,40 @@ class Collector:
             rel = f"artifacts/{comp.slug}-{n}_{safe}.html"
             text = payload.decode("utf-8", "replace")
             lang = artifact_lang(name, text, encoding)
-            body = (f'<h1>{esc(label)} {esc(title or name)}</h1><p class="muted">'
-                    f'<a href="../compiles/{comp.slug}.html">compile {esc(label)}</a> · trace line {lineno} · '
-                    f'{len(payload):,} bytes</p>\n{code_block(text, lang)}')
-            self.files.submit(os.path.join(self.root, rel), page(f"{label} {title or name}", body, depth=1))
+            if name in pictures.GRAPH_ARTIFACTS:
+                self._graph_shape(comp, text, md5)
+            self.files.submit(os.path.join(self.root, rel), render(
+                "artifact.html", depth=1, title=f"{label} {title or name}", label=label, name=title or name,
+                slug=comp.slug, lineno=lineno, size=len(payload), text=text, lang=lang,
+                picture=name in pictures.GRAPH_ARTIFACTS))
             if self.search is not None and name not in ("torch_version",) and encoding != "json":
                 self.search.add_code(f"{label} {name}", rel, text,
                                      md5 if isinstance(md5, str) else hashlib.md5(payload).hexdigest())
         comp.artifacts.append(Artifact(attempt, name, rel, len(payload), lineno, md5 if isinstance(md5, str) else None))
         return rel
 
+    def _graph_shape(self, comp: Compile, text: str, md5) -> None:
+        """Keep the graph's nodes and edges (not its text) for the picture on the compile page;
+        a trace that repeats a graph parses it once."""
+        digest = md5 if isinstance(md5, str) else hashlib.md5(text.encode("utf-8", "replace")).hexdigest()
+        shape = self._shape_cache.get(digest, False)
+        if shape is False:
+            shape = self._shape_cache[digest] = pictures.parse_graph(text)
+        if shape is not None:
+            self.graph_shapes.setdefault(comp.key, shape)
+
     def _artifact_meaning(self, comp: Compile, name: str, payload: bytes, url: str) -> None:
+        if name == "kernel_provenance" and not self.plain:
+            try:
+                value = json.loads(payload)
+            except ValueError:
+                value = None
+            kernels = value.get("kernels") if isinstance(value, dict) else None
+            fused = self.kernel_of.setdefault(comp.key, {})
+            for k in kernels if isinstance(kernels, list) else []:
+                if isinstance(k, dict) and isinstance(k.get("fx"), list):
+                    for node in k["fx"]:
+                        fused.setdefault(str(node), str(k.get("kernel") or "?"))
         if name == "dynamo_graph_break_reason":
             self._add_break(comp, interpret.parse_graph_break_text(payload.decode("utf-8", "replace")))
         elif name == "recompile_reasons":
@@ -349,6 +385,12 @@ class Collector:
                         self.versions.setdefault(k, v)
             except ValueError:
                 self.versions.setdefault("torch_version", payload[:200].decode("utf-8", "replace"))
+        elif name == "kernel_provenance":
+            self.provenance.add(comp.label, comp.slug, payload, url)
+        elif name.startswith("kernel_cache_") and name[len("kernel_cache_"):] in ("hit", "miss", "bypass"):
+            self.cache.add(comp.label, comp.slug, name[len("kernel_cache_"):], payload, url)
+        elif name == "replay_record" and not self.plain:
+            self.replays.add(payload, url)
         elif name in ("dynamo_error", "inductor_error", "backend_error") or name.endswith("_error"):
             comp.error_artifacts.append(url)
         if "config" in name.lower() and name not in self.config:
@@ -473,7 +515,10 @@ class Collector:
                     target = self.compiles.get(key, comp)
                     dur = ts - start
                     target.stages[name] = target.stages.get(name, 0.0) + dur
-                    if not [s for s in stack if s[2] == key]:
+                    depth = sum(1 for s in stack if s[2] == key)
+                    if depth < self.stage_depth.get(name, 1 << 30):
+                        self.stage_depth[name] = depth
+                    if not depth:
                         target.top_us += dur
                     break
 

@@ -18,9 +18,9 @@ import re
 from typing import Optional
 
 from .collect import Collector
-from .html_util import esc, page, table
 from .reader import read_records
 from .report import Options, frame_name, frames_of, render_log
+from .templating import render
 
 _ADDR = re.compile(r"0x[0-9a-fA-F]+")
 _TREE = re.compile(r"^[| +-]*")
@@ -94,7 +94,8 @@ def _scan(paths: list[str]) -> tuple[dict, dict]:
 
 def load_run(label: str, logs: list[str], out: str, plain: bool) -> Run:
     sub = f"run_{label.lower()}"
-    col = render_log(logs, os.path.join(out, sub), Options(plain=plain, command=f"tlparse diff ({label})"))
+    col = render_log(logs, os.path.join(out, sub), Options(plain=plain, command=f"tlparse diff ({label})",
+                                                           diff_of=label))
     guards, kernels = _scan(logs)
     frames: dict = {}
     for comps in frames_of(col).values():
@@ -226,66 +227,9 @@ def render_plain(d: Diff) -> str:
     return "\n".join(L) + "\n"
 
 
-def _frame_links(run: Run, key) -> str:
-    fr = run.frames.get(key)
-    if fr is None:
-        return '<span class="muted">—</span>'
-    return " ".join(f'<a href="{run.report}/compiles/{c.slug}.html">{esc(c.label)}</a>' for c in fr.compiles)
-
-
 def render_html(d: Diff) -> str:
-    a, b = d.a, d.b
-    p = ["<h1>Compile diff</h1>",
-         table(["run", "trace", "report"], [
-             ["A", f"<code>{esc(a.path)}</code>", f'<a href="{a.report}/index.html">report A</a>'],
-             ["B", f"<code>{esc(b.path)}</code>", f'<a href="{b.report}/index.html">report B</a>']]),
-         f'<div class="{"warn" if d.regressed else "card"}">'
-         + ("B has graph breaks or recompiles that A did not have (exit status 1)." if d.regressed
-            else "No new graph break or recompile in B.") + "</div>"]
-
-    def section(title: str, anchor: str, headers: list, rows: list) -> None:
-        p.append(f'<h2 id="{anchor}">{esc(title)}</h2>')
-        p.append(table(headers, rows) if rows else "<p>No change.</p>")
-
-    section("Compiles per frame", "compiles", ["frame", "A", "B", "change"],
-            [[esc(_where(k)), f"{na} {_frame_links(a, k)}", f"{nb} {_frame_links(b, k)}", f"{nb - na:+d}"]
-             for k, na, nb in d.compiles])
-    section("Graph breaks", "breaks", ["", "reason", "where"],
-            [["appeared", esc(g.info.reason), esc(_break_text(g).split(" at ", 1)[-1])] for g in d.breaks_new]
-            + [["went away", esc(g.info.reason), esc(_break_text(g).split(" at ", 1)[-1])] for g in d.breaks_gone])
-    rows = []
-    for k, ra, rb, new, gone in d.recompiles:
-        rows.append([esc(_where(k)), f"{ra} → {rb}", "<br>".join(f"+ <code>{esc(r)}</code>" for r in new)
-                     + ("<br>" if new and gone else "") + "<br>".join(f"− <code>{esc(r)}</code>" for r in gone)])
-    section("Recompiles", "recompiles", ["frame", "recompiles A → B", "failing guards only in B (+) / only in A (−)"],
-            rows)
-    section("Guards that changed", "guards", ["frame", "compile", "added in B", "removed in B"],
-            [[esc(_where(k)), f"#{i}", "<br>".join(f"<code>{esc(g)}</code>" for g in added),
-              "<br>".join(f"<code>{esc(g)}</code>" for g in removed)] for k, i, added, removed in d.guards])
-    section("Graph op counts", "ops", ["frame", "compile", "A", "B"],
-            [[esc(_where(k)), f"#{i}", esc(oa), esc(ob)] for k, i, oa, ob in d.ops])
-    section("Kernels", "kernels", ["frame", "added", "removed", "code changed"],
-            [[esc(_where(k)), esc(", ".join(ad)), esc(", ".join(rm)), esc(", ".join(ch))]
-             for k, ad, rm, ch in d.kernels])
-    section("Compile time per frame (largest change first)", "frame-time", ["frame", "A", "B", "change"],
-            [[esc(_where(k)), f"{ta:.4f} s", f"{tb:.4f} s", esc(_delta(ta, tb))] for k, ta, tb in d.frame_times])
-    section("Compile time per stage (largest change first)", "stage-time", ["stage", "A", "B", "change"],
-            [[esc(n), f"{ta:.4f} s", f"{tb:.4f} s", esc(_delta(ta, tb))] for n, ta, tb in d.stage_times])
-    return page("Compile diff", "\n".join(p), search=False, nav=False)
-
-
-def _link_back(report_dir: str, label: str) -> None:
-    """Each run's report links back to the diff (the diff links to both reports)."""
-    index = os.path.join(report_dir, "index.html")
-    if not os.path.exists(index):
-        return
-    with open(index, encoding="utf-8") as f:
-        html = f.read()
-    note = (f'<p class="diffnote">Run {label} of a <a href="../index.html">diff</a> '
-            f'(the other run: <a href="../run_{"b" if label == "A" else "a"}/index.html">report</a>).</p>')
-    html = html.replace("</h1>", "</h1>" + note, 1)
-    with open(index, "w", encoding="utf-8") as f:
-        f.write(html)
+    return render("diff.html", title="Compile diff", search=False, nav=False, d=d, where=_where,
+                  break_where=lambda g: _break_text(g).split(" at ", 1)[-1], delta=_delta)
 
 
 def run_diff(logs_a: list[str], logs_b: list[str], out: str, plain: bool, path_a: str, path_b: str) -> Diff:
@@ -303,6 +247,4 @@ def run_diff(logs_a: list[str], logs_b: list[str], out: str, plain: bool, path_a
         write_assets(out)
         with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
             f.write(render_html(d))
-        _link_back(os.path.join(out, a.report), "A")
-        _link_back(os.path.join(out, b.report), "B")
     return d

@@ -23,7 +23,7 @@ def _indent(text: str, by: str = "    ") -> str:
     return textwrap.indent(text, by, lambda _: True)
 
 
-def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
+def write(col: Collector, out: str, opts: Options, inputs: list, fixes: list) -> None:
     comps = real_compiles(col)
     frames = frames_of(col)
     lines = [f"tlparse {__version__} plain-text report", ""]
@@ -42,9 +42,10 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
               f"recompiles: {sum(len(x) - 1 for x in frames.values())}  "
               f"failures: {sum(1 for c in comps if c.fail_type)}  "
               f"restarts: {sum(len(c.restart_reasons) for c in comps)}", ""]
-    lines.append("== Graph breaks (by frames caused)")
-    groups = sorted(col.breaks.values(), key=lambda g: (-g.frames_caused, str(g.info.user_file), g.info.user_line or 0,
-                                                       g.info.reason))
+    lines.append("== What to fix first (the front page's ranking; the seconds are in timings.txt)")
+    lines += fix_lines(fixes, seconds=False) or ["nothing: no graph break and no recompile"]
+    lines += ["", "== Graph breaks (in the order of what to fix first)"]
+    groups = [f.group for f in fixes if f.group is not None]
     for i, g in enumerate(groups, 1):
         info = g.info
         lines.append(f"{i}. {info.reason}")
@@ -84,6 +85,11 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
         lines.append(_indent(reason.strip()))
     if not fl:
         lines.append("none")
+    if col.cache.results:   # the kernel cache per graph (the seconds saved are in timings.txt)
+        lines += ["", f"== Kernel cache: {col.cache.summary()}"]
+        for r in col.cache.results:
+            lines.append(f"{r.compile_label} graph {r.graph} {r.status}: {', '.join(r.kernels) or 'no kernels'}")
+            lines += [f"    {why}" for why in r.reasons]
     lines += ["", "== Stack trie", stacktrie.render_text(stacktrie.build(comps)) or "(empty)", ""]
     lines.append("== Compiles")
     for c in comps:
@@ -101,9 +107,28 @@ def write(col: Collector, out: str, opts: Options, inputs: list) -> None:
             t.append(f"{c.label} {frame_name(c)}: {c.compile_time_s():.6f} s")
             for k, us in sorted(c.stages.items(), key=lambda kv: -kv[1]):
                 t.append(f"    {k}: {us / 1e6:.6f} s")
-    t += ["", "Graph-break time caused"]
-    t += [f"{g.info.reason} at {g.info.user_file}:{g.info.user_line}: {g.time_caused_s:.6f} s" for g in groups]
+    if col.cache.results:
+        t += ["", f"Kernel cache: the hits saved {col.cache.saved_s:.6f} s of compiling"]
+        t += [f"{r.compile_label} graph {r.graph} {r.status}: compiled in {r.compile_s:.6f} s"
+              + (f", saved {r.saved_s:.6f} s" if r.saved_s is not None else "")
+              for r in col.cache.results if r.compile_s is not None]
+    t += ["", "What to fix first (seconds that fixing each site would save)"]
+    t += fix_lines(fixes, seconds=True) or ["nothing: no graph break and no recompile"]
     _write(out, "timings.txt", "\n".join(t) + "\n")
+
+
+def fix_lines(fixes: list, seconds: bool) -> list[str]:
+    """The ranking of tlparse/fixfirst.py as text, one site a few lines."""
+    lines = []
+    for i, f in enumerate(fixes, 1):
+        cost = f"{f.extra_graphs} extra graph(s)" + (f", {f.seconds:.6f} s" if seconds else "")
+        lines.append(f"{i}. [{f.kind}] {f.what}  ({cost})")
+        lines.append(f"   at {f.where or '(no user line in the trace)'}" + (f"  | {f.user_code}" if f.user_code else ""))
+        if f.hint:
+            lines.append(f"   fix: {f.hint}")
+        lines.append(f"   docs: {f.docs}")
+        lines.append(f"   compiles: {' '.join(c.label for c in f.compiles) or '-'}")
+    return lines
 
 
 def compile_text(c, col: Collector) -> str:

@@ -10,11 +10,12 @@ import platform
 import sys
 from typing import Optional
 
-from . import __version__, assets, stacktrie
+from . import __version__, assets, cache_report, fixfirst, pictures, provenance, replay, stacktrie
 from .collect import Collector, SearchWriter
-from .html_util import code_block, esc, fmt_seconds, page, table
 from .interpret import base_entry, resume_target
 from .model import Compile
+from .html_util import fmt_seconds
+from .templating import render
 
 SLOWEST = 15
 
@@ -23,12 +24,13 @@ SLOWEST = 15
 class Options:
     plain: bool = False
     command: str = ""
+    diff_of: Optional[str] = None     # "A" or "B" when this report is one run of a `tlparse diff`
 
 
 def render_log(paths: list[str], out: str, opts: Options, rank: Optional[int] = None) -> Collector:
     """One report (one process or rank) from one or more log files, into `out`."""
     os.makedirs(out, exist_ok=True)
-    for sub in ("compiles", "artifacts"):  # artifacts/ is flat: <compile>-<n>_<name>
+    for sub in ("compiles", "artifacts") + (() if opts.plain else ("pictures",)):  # artifacts/ is flat
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     search = None
     if not opts.plain:
@@ -44,15 +46,19 @@ def render_log(paths: list[str], out: str, opts: Options, rank: Optional[int] = 
         timeline.write(b"\n]\n")
     col.finish()
     _add_actuals(col)
+    fixes = fix_ranking(col)
     inputs = [(p, os.path.getsize(p)) for p in paths]
     if opts.plain:
         from . import plaintext
-        plaintext.write(col, out, opts, inputs)
+        plaintext.write(col, out, opts, inputs, fixes)
     else:
-        _index_search(col)
+        _index_search(col, fixes)
         col.search.flush()
-        write_compile_pages(col, out)
-        write_index(col, out, opts, inputs, rank)
+        write_compile_pages(col, out, fixes)
+        provenance.write_page(col.provenance, out, render)
+        cache_report.write_page(col.cache, out, render)
+        replay.write_page(col.replays, out, render)
+        write_index(col, out, opts, inputs, rank, fixes)
         write_search_page(out, col.search)
     write_directory(col, out, opts.plain)
     col.close()
@@ -93,11 +99,6 @@ def _sort_key(c: Compile):
     return (-1 if caid is None else caid, -1 if fid is None else fid, -1 if fcid is None else fcid)
 
 
-def link(c: Compile, depth: int = 0) -> str:
-    up = "../" * depth
-    return f'<a class="cid status-{c.status()}" href="{up}compiles/{c.slug}.html">{esc(c.label)}</a>'
-
-
 def frames_of(col: Collector) -> dict:
     """(compiled autograd id, frame id) -> its compiles, in compile order."""
     frames: dict = {}
@@ -133,7 +134,18 @@ def failures(col: Collector) -> list[tuple[Compile, str, str, str]]:
     return out
 
 
-def _index_search(col: Collector) -> None:
+def fix_ranking(col: Collector) -> list:
+    """What to fix first (tlparse/fixfirst.py): the one order of the front page, the graph
+    breaks' anchors and `--plain-text`."""
+    return fixfirst.rank(real_compiles(col), list(col.breaks.values()), col.compiles, frames_of(col))
+
+
+def ranked_breaks(fixes: list) -> list:
+    """The graph breaks' fixes, in ranking order (their anchors are break-0, break-1, ...)."""
+    return [f for f in fixes if f.group is not None]
+
+
+def _index_search(col: Collector, fixes: list) -> None:
     s = col.search
     for c in real_compiles(col):
         s.add("frame", f"{c.label} {frame_name(c)}", f"compiles/{c.slug}.html",
@@ -143,9 +155,9 @@ def _index_search(col: Collector) -> None:
                   f"{r.guard}\n{r.user_line or ''}\n{r.user_code}")
         if c.fail_type:
             s.add("failure", f"{c.label} {c.fail_type}", f"compiles/{c.slug}.html", c.fail_reason or "")
-    for i, g in enumerate(col.ranked_breaks()):
-        info = g.info
-        s.add("graph break", f"{info.reason} at {info.user_file}:{info.user_line}", f"index.html#break-{i}",
+    for f in ranked_breaks(fixes):
+        info = f.group.info
+        s.add("graph break", f"{info.reason} at {info.user_file}:{info.user_line}", f"index.html#{f.anchor}",
               "\n".join([info.explanation, *info.hints, info.user_code, *info.user_stack]))
 
 
@@ -169,7 +181,8 @@ def _quick_kind(name: str) -> Optional[str]:
 _QUICK_CACHE: dict = {}
 
 
-def _quick_links(c: Compile) -> str:
+def _quick_links(c: Compile) -> list[tuple[str, Optional[str]]]:
+    """(label, url or None) for each kind of artifact a compile page links at the top."""
     first: dict = {}
     for a in c.artifacts:
         kind = _QUICK_CACHE.get(a.name, 0)
@@ -177,11 +190,12 @@ def _quick_links(c: Compile) -> str:
             kind = _QUICK_CACHE[a.name] = _quick_kind(a.name)
         if kind is not None and kind not in first:
             first[kind] = a
-    items = [f'<a href="../{esc(first[label].url)}">{esc(label)}</a>' if label in first
-             else f'<span class="muted">{esc(label)}</span>' for label, _ in QUICK]
+    items = [(label, f"../{first[label].url}" if label in first else None) for label, _ in QUICK]
     if c.metrics_text:
-        items.append('<a href="#compilation_metrics">metrics</a>')
-    return " · ".join(items)
+        items.append(("metrics", "#compilation_metrics"))
+    if any(a.name == "kernel_provenance" for a in c.artifacts):
+        items.append(("kernels <-> lines", f"../kernels.html#c-{c.slug}"))
+    return items
 
 
 METRIC_KEYS = ["entire_frame_compile_time_s", "backend_compile_time_s", "inductor_compile_time_s",
@@ -190,76 +204,44 @@ METRIC_KEYS = ["entire_frame_compile_time_s", "backend_compile_time_s", "inducto
                "has_guarded_code", "fail_type"]
 
 
-def write_compile_pages(col: Collector, out: str) -> None:
+def write_compile_pages(col: Collector, out: str, fixes: list) -> None:
     frames = frames_of(col)
-    break_ids = {id(g): i for i, g in enumerate(col.ranked_breaks())}
-    groups = {k: g for k, g in col.breaks.items()}
+    anchors = {(f.group.info.user_file, f.group.info.user_line, f.group.info.reason): f.anchor.split("-", 1)[1]
+               for f in ranked_breaks(fixes)}
+    layouts: dict = {}     # a trace that repeats a graph lays it out once
     for c in col.compiles.values():
-        siblings = frames.get((c.key[0], c.key[1]), [])
-        parts = [f'<h1>{esc(c.label)} {esc(frame_name(c))} <span class="pill status-{c.status()}">'
-                 f'{esc(c.status())}</span></h1>']
-        if c.key == (None, None, None):
-            parts[0] = "<h1>Events outside any compile [-/-]</h1>"
-        where = frame_where(c)
-        if where:
-            parts.append(f'<p class="mono">{esc(where)}'
-                         + (' <span class="tag">resumed after a graph break</span>' if resume_target(c.co_name) else "")
-                         + "</p>")
-        if len(siblings) > 1:
-            parts.append("<p>Compiles of this frame: " + " ".join(
-                (f"<b>{esc(s.label)}</b>" if s is c else link(s, 1)) for s in siblings) + "</p>")
-        parts.append(f"<p>{_quick_links(c)}</p>" if c.key != (None, None, None) else "")
-        if c.stack:
-            parts.append("<h2>Stack</h2>" + code_block("\n".join(
-                f"{fr}\n    {loc}" if loc else fr for fr, loc in c.stack), "text"))
-        if c.recompile:
-            parts.append("<h2>Why it recompiled</h2>" + table(
-                ["cache entry", "failing guard", "expected", "actual", "user line"],
-                [[esc(r.entry), f"<code>{esc(r.guard)}</code>", esc(r.expected or ""), esc(r.actual or ""),
-                  esc(r.user_line or "") + (f"<br><code>{esc(r.user_code)}</code>" if r.user_code else "")
-                  + (f'<br><span class="muted">{esc(r.note)}</span>' if r.note else "")] for r in c.recompile]))
-        if c.breaks:
-            items = []
-            for gk in c.breaks:
-                g = groups[gk]
-                items.append(f'<li><a href="../index.html#break-{break_ids[id(g)]}">{esc(g.info.reason)}</a> at '
-                             f'<span class="mono">{esc(g.info.user_file)}:{esc(g.info.user_line)}</span></li>')
-            parts.append("<h2>Graph breaks</h2><ul>" + "".join(items) + "</ul>")
-        if c.fail_type or c.restart_reasons:
-            parts.append("<h2>Failure and restarts</h2>")
-            if c.fail_type:
-                parts.append(f"<p><b>{esc(c.fail_type)}</b> {esc(c.fail_where or '')}</p>"
-                             + code_block(c.fail_reason or "", "text", wrap=True))
-                for url in c.error_artifacts:
-                    parts.append(f'<p><a href="../{esc(url)}">traceback</a></p>')
-            for r in c.restart_reasons:
-                parts.append("<p>restart:</p>" + code_block(r, "text", wrap=True))
-        if c.artifacts:
-            rows = []
-            for a in c.artifacts:
-                rows.append([esc(c.label[:-1] + (f"_{a.attempt}]" if a.attempt else "]")),
-                             f'<a href="../{esc(a.url)}">{esc(a.name)}</a>', f"{a.size:,}", str(a.lineno)])
-            parts.append("<h2>Artifacts</h2>" + table(["attempt", "artifact", "bytes", "trace line"], rows, {2, 3}))
-        if c.metrics_text:
-            rows = [[esc(k), esc(_fmt_metric(c.metrics.get(k)))] for k in METRIC_KEYS if k in c.metrics]
-            parts.append('<h2 id="compilation_metrics">Compilation metrics</h2>' + table(["metric", "value"], rows, {1})
-                         + "<details><summary>all fields</summary>"
-                         + code_block(col.unspill(c.metrics_text), "json", wrap=True) + "</details>")
-        if c.bwd_metrics_text:
-            parts.append('<h2 id="bwd_compilation_metrics">Backward compilation metrics</h2>'
-                         + code_block(col.unspill(c.bwd_metrics_text), "json", wrap=True))
-        if c.stages:
-            total = c.top_us or None
-            rows = [[esc(k), fmt_seconds(v / 1e6), f"{100 * v / total:.0f}%" if total else ""]
-                    for k, v in sorted(c.stages.items(), key=lambda kv: -kv[1])]
-            parts.append("<h2>Time per stage</h2>" + table(["stage", "time", "of compile"], rows, {1, 2}))
-        if c.events:
-            rows = [[str(a), esc(n), str(ln), f"<code>{esc(col.unspill(ref))}</code>"] for a, n, ln, ref in c.events]
-            note = f"<p class=muted>{c.events_dropped} more in raw.jsonl</p>" if c.events_dropped else ""
-            parts.append(f"<h2>Other events</h2><details><summary>{len(c.events)} events</summary>"
-                         + table(["attempt", "event", "trace line", "data"], rows) + note + "</details>")
-        col.files.submit(os.path.join(out, "compiles", f"{c.slug}.html"),
-                         page(f"{c.label} {frame_name(c)}", "\n".join(parts), depth=1))
+        total = c.top_us or None
+        pic = pic_url = None
+        shape = col.graph_shapes.get(c.key)
+        if shape is not None:
+            kernels = col.kernel_of.get(c.key) or {}
+            cut = None
+            if c.breaks:
+                info = col.breaks[c.breaks[0]].info
+                cut = f"{info.reason} at line {info.user_line}" if info.user_line else info.reason
+            lkey = (id(shape), tuple(sorted(kernels.items())), cut)
+            pic, pic_url = layouts.get(lkey) or (None, None)
+            if pic is None:
+                pic = pictures.layout_graph(shape, kernels, cut)
+                pic_url = f"pictures/graph_{len(layouts)}.svg"
+                layouts[lkey] = (pic, pic_url)
+                if not pic.too_big:
+                    col.files.submit(os.path.join(out, pic_url), render("graph.svg", pic=pic))
+        stages = [(k, fmt_seconds(v / 1e6), f"{100 * v / total:.0f}%" if total else "")
+                  for k, v in sorted(c.stages.items(), key=lambda kv: -kv[1])]
+        html = render(
+            "compile.html", depth=1, title=f"{c.label} {frame_name(c)}", c=c, frame=frame_name(c),
+            where=frame_where(c), resumed=bool(resume_target(c.co_name)),
+            siblings=frames.get((c.key[0], c.key[1]), []),
+            quick=_quick_links(c) if c.key != (None, None, None) else [],
+            stack_text="\n".join(f"{fr}\n    {loc}" if loc else fr for fr, loc in c.stack),
+            breaks=[(anchors[gk], col.breaks[gk].info) for gk in c.breaks],
+            metrics=[(k, _fmt_metric(c.metrics.get(k))) for k in METRIC_KEYS if k in c.metrics],
+            metrics_text=col.unspill(c.metrics_text), bwd_metrics_text=col.unspill(c.bwd_metrics_text),
+            stages=stages, events_text="\n".join(f"{a} {ln:>6} {n} {col.unspill(ref).strip()}"
+                                                  for a, n, ln, ref in c.events),
+            pic=pic, pic_url=pic_url, max_nodes=pictures.MAX_NODES)
+        col.files.submit(os.path.join(out, "compiles", f"{c.slug}.html"), html)
 
 
 def _fmt_metric(v) -> str:
@@ -271,135 +253,56 @@ def _fmt_metric(v) -> str:
 
 
 # ---- front page
-def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Optional[int]) -> None:
+def recompile_rows(cs: list[Compile]) -> list[tuple]:
+    """(compile, reason or None, n older entries) rows of one frame's recompiles: the reasons
+    against the previous compile; older cache entries that failed too are one summary row."""
+    rows = []
+    for prev, c in zip(cs, cs[1:]):
+        rs = [r for r in c.recompile if not r.entry or base_entry(r.entry) == prev.label.strip("[]")] or c.recompile
+        if not rs:
+            rows.append((c, None, 0))
+        elif len(rs) < len(c.recompile):
+            rows.append((c, None, len(c.recompile) - len(rs)))
+        rows += [(c, r, 0) for r in rs]
+    return rows
+
+
+def _largest_stages(c: Compile) -> str:
+    """The three largest stages under the outermost one, for the slowest-compiles table."""
+    top = sorted(c.stages.items(), key=lambda kv: -kv[1])[1:4]
+    return ", ".join(f"{k} {fmt_seconds(v / 1e6)}" for k, v in top)
+
+
+def write_index(col: Collector, out: str, opts: Options, inputs: list, rank: Optional[int], fixes: list) -> None:
     comps = real_compiles(col)
     frames = frames_of(col)
     fails = failures(col)
-    breaks = col.ranked_breaks()
+    breaks = ranked_breaks(fixes)
     recompiled = {k: v for k, v in frames.items() if len(v) > 1}
     total_time = sum(c.compile_time_s() or 0 for c in comps)
     n_fail = sum(1 for c in comps if c.fail_type)
     n_restart = sum(len(c.restart_reasons) for c in comps)
     title = "Compile report" + (f" — rank {rank}" if rank is not None else "")
-    p = [f"<h1>{esc(title)}</h1>", run_html(col)]
-    if rank is not None:
-        p.append('<p><a href="../index.html">all ranks</a>: how this rank differs from the others</p>')
     cards = [("compiles", len(comps), False), ("frames", len(frames), False),
              ("distinct graph breaks", len(breaks), bool(breaks)),
              ("recompiles", sum(len(v) - 1 for v in recompiled.values()), bool(recompiled)),
              ("failures", n_fail, bool(n_fail)), ("restarts", n_restart, bool(n_restart)),
              ("compile time", fmt_seconds(total_time) or "0", False),
              ("unparsed lines", col.unparsed_count, bool(col.unparsed_count))]
-    p.append('<div class="cards">' + "".join(
-        f'<div class="card{" bad" if bad else ""}"><b>{esc(v)}</b>{esc(k)}</div>' for k, v, bad in cards) + "</div>")
-    if col.unparsed_count:
-        p.append(f'<div class="warn">{col.unparsed_count} line(s) could not be parsed; '
-                 f'<a href="#unparsed">see where</a>.</div>')
-    if col.md5_mismatch_count:
-        p.append(f'<div class="warn">{col.md5_mismatch_count} payload(s) do not match their has_payload md5 '
-                 f'(truncated or edited?): trace lines {", ".join(map(str, col.md5_mismatch[:20]))}.</div>')
-
-    # graph breaks
-    p.append('<h2 id="breaks">Graph breaks, costliest first</h2>')
-    if breaks:
-        p.append('<p class="muted">Deduplicated by user line and reason. <i>Frames</i>: compiles that broke there '
-                 'plus resume functions compiled after it; <i>time</i>: compile time of those resume functions and '
-                 'of restarts.</p>')
-        rows = []
-        for i, g in enumerate(breaks):
-            info = g.info
-            hints = "".join(f"<li>{esc(h)}</li>" for h in info.hints)
-            detail = (f'<b id="break-{i}">{esc(info.reason)}</b>'
-                      + (f'<br><span class="muted">{esc(info.explanation)}</span>' if info.explanation else "")
-                      + (f"<ul class=small>{hints}</ul>" if hints else ""))
-            where = (f'<span class="mono">{esc(info.user_file)}:{esc(info.user_line)}</span>'
-                     + (f"<br><code>{esc(info.user_code)}</code>" if info.user_code else ""))
-            occ = " ".join(link(col.compiles[k]) for k in g.compiles if k in col.compiles)
-            res = " ".join(link(col.compiles[k]) for k in g.resume_compiles if k in col.compiles)
-            rows.append([str(i + 1), detail, where, occ + (f"<br>resumed: {res}" if res else ""),
-                         str(g.frames_caused), fmt_seconds(g.time_caused_s)])
-        p.append(table(["#", "reason and hints", "user line", "compiles", "frames", "time"], rows, {4, 5}))
-    else:
-        p.append("<p>No graph breaks.</p>")
-
-    # recompiles
-    p.append('<h2 id="recompiles">Recompiles</h2>')
-    if recompiled:
-        for (caid, fid), cs in recompiled.items():
-            first = cs[0]
-            p.append(f"<h3>{esc(frame_name(first))} <span class=muted>{esc(frame_where(first))}</span> — "
-                     f"{len(cs)} compiles</h3>")
-            rows = []
-            for c in cs[1:]:
-                prev = cs[cs.index(c) - 1].label.strip("[]")
-                rs = [r for r in c.recompile if not r.entry or base_entry(r.entry) == prev] or c.recompile
-                if not rs:
-                    rows.append([link(c), '<span class="muted">no reason in the trace</span>', "", "", ""])
-                elif len(rs) < len(c.recompile):
-                    rows.append(["", f'<span class="muted">+ {len(c.recompile) - len(rs)} older cache entries '
-                                 f'failed too (<a href="compiles/{c.slug}.html">all</a>)</span>', "", "", ""])
-                for r in rs:
-                    rows.append([link(c), f"<code>{esc(r.guard)}</code>" + (f' <span class="muted">(entry {esc(r.entry)})</span>' if r.entry else ""),
-                                 esc(r.expected or ""), esc(r.actual or ""),
-                                 esc(r.user_line or "") + (f"<br><code>{esc(r.user_code)}</code>" if r.user_code else "")
-                                 + (f'<br><span class="muted">{esc(r.note)}</span>' if r.note else "")])
-            p.append(table(["compile", "failing guard", "expected", "actual", "user line"], rows))
-    else:
-        p.append("<p>No frame was compiled more than once.</p>")
-
-    # failures and restarts
-    p.append('<h2 id="failures">Failures and restarts</h2>')
-    if fails:
-        rows = [[link(c), esc(kind), code_block(reason, "text", wrap=True), esc(where)] for c, kind, reason, where in fails]
-        p.append(table(["compile", "kind", "reason", "user frame"], rows))
-    else:
-        p.append("<p>No compile failed or restarted.</p>")
-
-    # slowest
-    p.append('<h2 id="slowest">Slowest compiles</h2>')
     timed = sorted((c for c in comps if c.compile_time_s()), key=lambda c: -(c.compile_time_s() or 0))[:SLOWEST]
-    if timed:
-        rows = []
-        for c in timed:
-            top = sorted(c.stages.items(), key=lambda kv: -kv[1])[1:4]
-            rows.append([link(c), esc(frame_name(c)), fmt_seconds(c.compile_time_s()), esc(c.status()),
-                         esc(", ".join(f"{k} {fmt_seconds(v / 1e6)}" for k, v in top))])
-        p.append(table(["compile", "frame", "time", "outcome", "largest stages"], rows, {2}))
-    else:
-        p.append("<p>No compile times in the trace.</p>")
-
-    # stack trie
-    p.append('<h2 id="trie">Stack trie</h2><p class="legend">Each user stack that triggered a compile; '
-             'click a compile id for its page. <span class="status-ok">success</span>'
-             '<span class="status-resumed">resumed: a frame reached through a graph break</span>'
-             '<span class="status-error">failure</span><span class="status-restart">restart</span>'
-             '<span class="status-empty">empty graph</span><span class="status-missing">no metrics</span> '
-             'Hover a compile id for its outcome; compiles that graph-broke are listed under '
-             '<a href="#breaks">graph breaks</a>.</p>')
-    p.append(stacktrie.render_html(stacktrie.build(comps), lambda c: f"compiles/{c.slug}.html"))
-
-    # all compiles
-    p.append('<h2 id="compiles">All compiles</h2><details><summary>' + str(len(comps)) + " compiles</summary>")
-    p.append(table(["compile", "frame", "where", "outcome", "time", "artifacts"],
-                   [[link(c), esc(frame_name(c)), f'<span class="mono">{esc(frame_where(c))}</span>', esc(c.status()),
-                     fmt_seconds(c.compile_time_s()), str(len(c.artifacts))] for c in comps], {4, 5}) + "</details>")
     glob = col.compiles.get((None, None, None))
-    if glob is not None and glob.artifacts:
-        p.append('<p>Events outside any compile: <a href="compiles/global.html">[-/-]</a></p>')
-
-    # unparsed
-    p.append(f'<h2 id="unparsed">Unparsed lines: {col.unparsed_count}</h2>')
-    if col.unparsed:
-        rows = [[str(u.lineno), esc(u.error), f"<code>{esc(u.text)}</code>"] for u in col.unparsed]
-        more = (f"<p class=muted>first {len(col.unparsed)} of {col.unparsed_count} shown</p>"
-                if col.unparsed_count > len(col.unparsed) else "")
-        p.append(table(["line", "why", "text"], rows, {0}) + more)
-    else:
-        p.append("<p>Every line parsed.</p>")
-
-    p.append(about_html(col, opts, inputs))
+    html = render(
+        "index.html", title=title, col=col, diff_of=opts.diff_of, rank=rank, cards=cards,
+        run_rows=run_rows(col), dynamo_configs=col.dynamo_configs,
+        knobs=[(n, json.dumps(x, default=str)) for n, x in sorted(config_knobs(col).items())],
+        chart=pictures.time_chart(comps, col.stage_depth), fixes=fixes, warmup=fixfirst.warmup_s(comps),
+        breaks=breaks, recompiled=[(cs, recompile_rows(cs)) for cs in recompiled.values()], fails=fails,
+        slowest=[(c, _largest_stages(c)) for c in timed],
+        root=stacktrie.build(comps), href=lambda c: f"compiles/{c.slug}.html", comps=comps,
+        has_global=glob is not None and bool(glob.artifacts), about_rows=about(col, opts, inputs),
+        config_links=sorted(col.config.items()), frame_name=frame_name, frame_where=frame_where)
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
-        f.write(page(title, "\n".join(p)))
+        f.write(html)
 
 
 def config_knobs(col: Collector) -> dict:
@@ -436,23 +339,11 @@ def run_facts(col: Collector) -> list[tuple[str, str]]:
             ("config", cfg), ("switches", " ".join(f"{k}={val}" for k, val in env.items()))]
 
 
-def run_html(col: Collector) -> str:
-    """The front page's first block: the run this report is about."""
-    rows = []
-    for k, val in run_facts(col):
-        if not val:
-            continue
-        literal = k in ("program", "switches", "working directory") and val != "not in the trace"
-        cell = f"<code>{esc(val)}</code>" if literal else esc(val)
-        if k == "config" and col.dynamo_configs:
-            cell += " — " + " · ".join(f'<a href="{esc(url)}">{esc(label)}</a>' for label, url in col.dynamo_configs)
-            knobs = config_knobs(col)
-            if knobs:
-                cell += ("<details><summary>knobs</summary>" + table(
-                    ["knob", "value"], [[f"<code>{esc(n)}</code>", f"<code>{esc(json.dumps(x, default=str))}</code>"]
-                                        for n, x in sorted(knobs.items())]) + "</details>")
-        rows.append([esc(k), cell])
-    return '<div id="run">' + table(["this run", ""], rows) + '</div>'
+def run_rows(col: Collector) -> list[tuple[str, str, bool]]:
+    """The front page's first block, the run this report is about: (field, value, shown
+    as code) for each fact the trace has."""
+    return [(k, val, k in ("program", "switches", "working directory") and val != "not in the trace")
+            for k, val in run_facts(col) if val]
 
 
 def about(col: Collector, opts: Options, inputs: list) -> list[tuple[str, str]]:
@@ -473,26 +364,11 @@ def about(col: Collector, opts: Options, inputs: list) -> list[tuple[str, str]]:
     return [(k, val) for k, val in rows if val]
 
 
-def about_html(col: Collector, opts: Options, inputs: list) -> str:
-    rows = [[esc(k), f'<pre class="wrap">{esc(v)}</pre>' if "\n" in v or len(v) > 120 else esc(v)]
-            for k, v in about(col, opts, inputs)]
-    cfg = " · ".join(f'<a href="{esc(url)}">{esc(name)}</a>' for name, url in sorted(col.config.items()))
-    rows.append(["compiler config", cfg or "not in the trace"])
-    rows.append(["exports", '<a href="chromium_events.json">chromium_events.json</a> (compile timeline: open in '
-                 'ui.perfetto.dev or chrome://tracing) · <a href="raw.jsonl">raw.jsonl</a> (every parsed event) · '
-                 '<a href="compile_directory.json">compile_directory.json</a> (artifacts per compile)'])
-    return '<h2 id="about">About this report</h2>' + table(["", ""], rows)
-
-
 def write_search_page(out: str, search: SearchWriter) -> None:
-    cfg = json.dumps({"shards": search.shards, "truncated": search.truncated})
-    body = ('<h1>Search</h1><p>Frames, graph-break reasons, recompile reasons, failures and code '
-            '(graphs, guards, bytecode, generated code).</p>'
-            '<p><input id="q" type="search" autofocus placeholder="e.g. aten.addmm, size mismatch, f_print" '
-            'style="width:480px;padding:6px"> <span id="status" class="muted"></span></p><ul id="results"></ul>'
-            f"<script>window.TL_SEARCH_CONFIG = {cfg};</script>")
+    html = render("search.html", title="Search", search=False,
+                  config={"shards": search.shards, "truncated": search.truncated})
     with open(os.path.join(out, "search.html"), "w", encoding="utf-8") as f:
-        f.write(page("Search", body, search=False))
+        f.write(html)
 
 
 def write_directory(col: Collector, out: str, plain: bool) -> None:

@@ -1,11 +1,8 @@
 """The stack trie: every user stack that triggered a compile, shared prefixes merged, each
-frame's compiles linked and colored by outcome."""
+frame's compiles linked and colored by outcome (templates/trie.html draws it)."""
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .html_util import esc
 from .model import Compile
 
 
@@ -35,30 +32,6 @@ def build(compiles: list[Compile]) -> Node:
             node = node.children.setdefault((frame, loc), Node(frame, loc))
         node.compiles.append(c)
     return root
-
-
-def render_html(root: Node, href: Callable[[Compile], str]) -> str:
-    out = ['<div class="trie"><ul>']
-
-    def visit(node: Node) -> None:
-        for child in node.children.values():
-            out.append('<li><span class="tog">-</span>')
-            for c in child.compiles:
-                tag = ' <span class="tag">graph break</span>' if c.breaks else ""
-                out.append(f'<a class="cid status-{c.status()}" href="{esc(href(c))}" '
-                           f'title="{esc(c.status())}">{esc(c.label)}</a>{tag} ')
-            out.append(esc(child.frame))
-            if child.loc:
-                out.append(f' <span class="loc">{esc(child.loc)}</span>')
-            if child.children:
-                out.append("<ul>")
-                visit(child)
-                out.append("</ul>")
-            out.append("</li>\n")
-
-    visit(root)
-    out.append("</ul></div>")
-    return "".join(out)
 
 
 def render_text(root: Node) -> str:
