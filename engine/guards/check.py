@@ -7,6 +7,7 @@ import ast
 import builtins
 import dataclasses
 import os
+import re
 import sys
 from typing import Any, Callable, Optional
 
@@ -63,8 +64,8 @@ def _global_state_test(e: dict, k: str, ns: dict) -> str:
     return " and ".join(parts) or "True"
 
 
-def _condition(g: Guard, i: int, ns: dict) -> str:
-    s = g.source
+def _condition(g: Guard, i: int, ns: dict, s: Optional[str] = None) -> str:
+    s = g.source if s is None else s
     e = g.expected
     k = f"___e{i}"
     if g.kind == "TENSOR_MATCH":
@@ -161,9 +162,89 @@ def _base_namespace() -> dict:
     return {"___global_state": global_state_tuple, "__builtins__": builtins, "sys": sys, "torch": torch}
 
 
+# Sources that are chains of plain reads from a frame's locals, its globals or a module:
+# L['m'].layers[0].weight, getattr(L['m'].layer, '0').norm, sys.modules['x'].__dict__['y']
+_CHAIN_HEAD = re.compile(r"""^(?:[LG]|sys\.modules)\[(?:'[^'\\]*'|"[^"\\]*")\]""")
+_CHAIN_STEP = re.compile(r"""\.[A-Za-z_]\w*|\[(?:-?\d+|'[^'\\]*'|"[^"\\]*")\]""")
+_NAME_ARG = re.compile(r"""\s*('[^'\\]*'|"[^"\\]*")\s*\)""")
+
+
+def _chain(source: str) -> Optional[list]:
+    """[(prefix, render)]: each prefix of a chain source, shortest first, with how to read it
+    from the expression of the one before; None for any other source."""
+    if source.startswith("getattr("):
+        inner_end = _matching_comma(source, len("getattr("))
+        if inner_end is None:
+            return None
+        base = _chain(source[len("getattr("):inner_end])
+        m = _NAME_ARG.match(source, inner_end + 1)
+        if base is None or m is None:
+            return None
+        steps = base + [(source[:m.end()], lambda e, n=m.group(1): f"getattr({e}, {n})")]
+        pos = m.end()
+    else:
+        m = _CHAIN_HEAD.match(source)
+        if m is None:
+            return None
+        steps, pos = [(m.group(0), None)], m.end()
+    while pos < len(source):
+        step = _CHAIN_STEP.match(source, pos)
+        if step is None:
+            return None
+        pos = step.end()
+        steps.append((source[:pos], lambda e, t=step.group(0): e + t))
+    return steps
+
+
+def _matching_comma(text: str, start: int) -> Optional[int]:
+    """The index of the comma that ends getattr's first argument (brackets and quotes skipped)."""
+    depth, quote = 0, None
+    for i in range(start, len(text)):
+        c = text[i]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            return i
+    return None
+
+
+class _SharedPrefixes:
+    """Each object on the way to a guarded value is read once per check, not once per guard:
+    a module's parameters share the walk down to their module (Module.__getattr__ costs a
+    microsecond a step). Guards run in order and return at the first failure, so a name
+    bound while checking an earlier guard is bound for every later one."""
+
+    def __init__(self):
+        self.names: dict = {}
+
+    def expression(self, source: str) -> str:
+        chain = _chain(source)
+        if chain is None:
+            return source
+        text = None
+        for prefix, render in chain:
+            name = self.names.get(prefix)
+            if name is not None:
+                text = name
+            elif render is None:
+                text = prefix      # the head: a dict lookup already
+            else:
+                name = self.names[prefix] = f"___p{len(self.names)}"
+                text = f"({name} := {render(text)})"
+        return text
+
+
 def compile_guards(guards: list[Guard]) -> CompiledGuards:
     ns = _base_namespace()
-    conds = [_condition(g, i, ns) for i, g in enumerate(guards)]
+    shared = _SharedPrefixes()
+    conds = [_condition(g, i, ns, shared.expression(g.source) if g.source else None) for i, g in enumerate(guards)]
     body = "\n".join(f"        if not ({c}):\n            return False" for c in conds) or "        pass"
     code = ("def ___check_guards(L, G):\n"
             "    try:\n"

@@ -4,8 +4,8 @@ measured side by side in one run.
 
     .venv/bin/python tests/bench/bench_guard_overhead.py [--calls N] [--repeat R]
 
-Two programs: `f(x) = x + 1` on a one-element tensor, and a frame with 20 guarded inputs
-(20 tensors). The reported time is the best of R interleaved rounds of N calls, per call."""
+Three programs: `f(x) = x + 1` on a one-element tensor, a frame with 20 guarded inputs
+(20 tensors), and a 12-block model (its parameters and modules guarded). The reported time is the best of R interleaved rounds of N calls, per call."""
 
 from __future__ import annotations
 
@@ -24,6 +24,17 @@ def add_one(x):
 def twenty(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19):
     return (a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15 + a16 + a17
             + a18 + a19)
+
+
+def blocks_model():
+    """12 blocks of Linear + LayerNorm on a one-row input: the guards of a model's 48
+    parameters and 36 modules, more than its compute."""
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+                                  for _ in range(12)])
+
+    def forward(x):
+        return model(x)
+    return forward
 
 
 def per_call_us(fns: list, args, calls: int, repeat: int) -> list[float]:
@@ -50,7 +61,8 @@ def main() -> None:
     import torch._dynamo  # the anchor, measured beside us (tests/bench may use it)
 
     cases = [("x + 1 (1 element)", add_one, (torch.randn(1),)),
-             ("20 guarded inputs", twenty, tuple(torch.randn(1) for _ in range(20)))]
+             ("20 guarded inputs", twenty, tuple(torch.randn(1) for _ in range(20))),
+             ("12-block model", blocks_model(), (torch.randn(1, 8),))]
     print(f"torch {torch.__version__}; best of {a.repeat} x {a.calls} calls; microseconds per call")
     print(f"{'program':<22}{'eager':>9}{'torch.compile':>15}{'engine':>9}   {'engine/torch':>12}"
           f"{'engine-eager':>14}{'torch-eager':>13}")
