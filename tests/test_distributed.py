@@ -44,6 +44,9 @@ def _rank_main(rank, worker, port, out_dir, args):
     # no rank leaves while another still talks to it (gloo aborts a process whose peer hung up)
     dist.barrier()
     dist.destroy_process_group()
+    # skip the interpreter's teardown: gloo's threads sometimes abort in it ("terminate called
+    # without an active exception") after all the work is done and written
+    os._exit(0)
 
 
 def run_ranks(worker, out_dir, *args) -> list:
@@ -52,17 +55,21 @@ def run_ranks(worker, out_dir, *args) -> list:
     ctx = mp.start_processes(_rank_main, args=(worker, _free_port(), str(out_dir), args), nprocs=WORLD,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + RUN_LIMIT_S
+    files = [os.path.join(out_dir, f"rank_{rank}.json") for rank in range(WORLD)]
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
                 pytest.fail(f"{worker.__name__} did not finish in {RUN_LIMIT_S}s on {WORLD} ranks (a hang?)")
+    except mp.ProcessExitedException:
+        if not all(os.path.exists(f) for f in files):   # died before its work was done: a failure
+            raise
     finally:
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
     results = []
-    for rank in range(WORLD):
-        with open(os.path.join(out_dir, f"rank_{rank}.json")) as f:
+    for path in files:
+        with open(path) as f:
             results.append(json.load(f))
     return results
 
