@@ -98,7 +98,7 @@ def _wrap_function(fn, opts):
 def _say_if_declined(fn, args, kwargs) -> bool:
     """A function handed to engine.compile that the engine will not capture (torch's own
     code, a generator, ...) runs eagerly: say so once, as a warning and a `compile_declined`
-    event (explain lists it), never silently. Returns whether it was declined."""
+    event (explain and the report list it), never silently. Returns whether it was declined."""
     from .capture import runtime, skipfiles
 
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
@@ -111,9 +111,11 @@ def _say_if_declined(fn, args, kwargs) -> bool:
     name = getattr(code, "co_qualname", code.co_name)
     observe.emit("compile_declined", {"function": name, "filename": code.co_filename,
                                       "line": code.co_firstlineno, "reason": reason})
-    observe.log("dynamo", logging.WARNING, "engine.compile(%s): not compiled, it runs eagerly (%s, %s:%s); "
-                "compile the user function that calls it instead", name, reason, code.co_filename,
-                code.co_firstlineno)
+    msg = (f"engine.compile({name}): not compiled, it runs eagerly ({reason}, {code.co_filename}:"
+           f"{code.co_firstlineno}); compile the user function that calls it instead")
+    observe.log("dynamo", logging.WARNING, "%s", msg)
+    from .capture.convert_frame import _user_stacklevel
+    warnings.warn(msg, UserWarning, stacklevel=_user_stacklevel())
     return True
 
 

@@ -107,3 +107,27 @@ def test_a_function_the_engine_will_not_compile_says_so_and_explain_lists_it():
     # torch's own functions: the same
     e = engine.explain(torch.nn.functional.normalize)(torch.ones(2, 2))
     assert e.not_compiled and "torch internals" in e.not_compiled[0]
+
+
+def test_the_report_lists_functions_the_engine_did_not_compile(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tlparse.cli import main
+
+    (tmp_path / "prog.py").write_text(
+        "import engine, torch\n"
+        "def gen(x):\n"
+        "    yield x * 2\n"
+        "list(engine.compile(gen)(torch.ones(2)))\n")
+    env = {**os.environ, "TORCH_TRACE": str(tmp_path / "trace")}
+    env.pop("TORCH_LOGS", None)
+    proc = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not compiled, it runs eagerly" in proc.stderr        # the warning, where the user looks
+    assert main([str(tmp_path / "trace"), "-o", str(tmp_path / "report"), "--no-browser"]) == 0
+    index = (tmp_path / "report" / "index.html").read_text()
+    section = index.split('id="not-compiled"')[1].split("</table>")[0]
+    assert "gen" in section and "prog.py:2" in section and "a generator or coroutine" in section

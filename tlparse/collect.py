@@ -30,7 +30,7 @@ KNOWN = frozenset({
     "symbolic_shape_specialization", "propagate_real_tensors", "optimize_ddp_split_graph",
     "optimize_ddp_split_child", "compiled_autograd_graph", "dynamo_guards", "graph_break", "kernel_code",
     "link", "dump_file", "missing_fake_kernel", "mismatched_fake_kernel", "exported_program",
-    "inductor_post_grad_graph", "inductor_pre_grad_graph", "cache_hit", "cache_miss",
+    "inductor_post_grad_graph", "inductor_pre_grad_graph", "cache_hit", "cache_miss", "compile_declined",
 })
 EVENTS_PER_COMPILE = 300          # metadata-only events listed on a compile page; the rest in raw.jsonl
 UNPARSED_KEPT = 1000              # unparsable lines listed (all are counted)
@@ -170,6 +170,7 @@ class Collector:
         self.cache = CacheIndex()                # kernel_cache_{hit,miss,bypass} artifacts
         self.replays = ReplayIndex()             # replay_record artifacts (engine.debug.replay)
         self.provenance = ProvenanceIndex()      # kernel_provenance artifacts: kernels <-> user lines
+        self.declined: list = []                 # (function, file, line, reason) engine.compile ran eagerly
 
     # ---- the pass
     def consume_stream(self, stream: BinaryIO, chunk: Optional[int] = None) -> None:
@@ -229,6 +230,10 @@ class Collector:
             url = self._metrics(comp, kind, meta, attempt, r.lineno)
             self._raw(r, url)
             return
+        elif kind == "compile_declined" and isinstance(meta, dict):   # engine.compile(f) that runs eagerly
+            entry = (str(meta.get("function")), str(meta.get("filename")), meta.get("line"), str(meta.get("reason")))
+            if entry not in self.declined:
+                self.declined.append(entry)
         elif kind == "graph_break":
             self._add_break(comp, interpret.break_from_event(meta, self.strings))
         elif kind == "dynamo_output_graph":
