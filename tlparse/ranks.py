@@ -17,7 +17,6 @@ from typing import Optional
 
 from . import collectives
 from .collect import mask_volatile
-from .html_util import esc, table   # _side_by_side_html (templates/ranks.html draws the page)
 from .report import Options, frame_name, real_compiles, render_log, write_assets
 from .templating import render
 
@@ -301,28 +300,6 @@ def side_by_side(ranks: list[RankSummary]) -> list[tuple]:
                           "collectives": ", ".join(r.collectives.get(label, []))})
         rows.append((label, cells))
     return rows
-
-
-def _side_by_side_html(ranks: list[RankSummary], divs: list[Divergence]) -> str:
-    differ = {d.what for d in divs}
-    rows = []
-    for label, cells in side_by_side(ranks):
-        row = [f"<code>{esc(label)}</code>" + (' <span class="warn">differs</span>' if label in differ else "")]
-        for r, cell in zip(ranks, cells):
-            if cell is None:
-                row.append("<i>not compiled</i>")
-                continue
-            link = f'<a class="cid status-{esc(cell["status"])}" href="{esc(r.dir)}/{esc(r.pages[label])}">' \
-                   f'{esc(cell["status"])}</a>'
-            parts = [link, f'graph <span class="mono">{esc(cell["graph"] or "none")}</span>',
-                     f'guards <span class="mono">{esc(cell["guards"] or "none")}</span>']
-            if cell["collectives"]:
-                parts.append(f"collectives: {esc(cell['collectives'])}")
-            row.append("<br>".join(parts))
-        rows.append(row)
-    return ("<h2>Compiles side by side</h2><p>Each compile id on each rank: its outcome, the hash of its graph "
-            "and of its guards, and the collectives it runs (in its graph or at its graph break).</p>"
-            + table(["compile id"] + [f"rank {r.rank}" for r in ranks], rows))
 
 
 def _write_text(out: str, ranks: list[RankSummary], divs: list[Divergence]) -> None:

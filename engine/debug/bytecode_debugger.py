@@ -371,15 +371,8 @@ class Session:
 
     # ------------------------------------------------------------------ commands
     def next_command(self) -> Optional[str]:
-        if self.script:
-            line = self.script.pop(0)
-            self.out.write(PROMPT + line + "\n")
-            return line
-        try:
-            return command_input.read_command(PROMPT, self.out)
-        except command_input.InputEnded as exc:
-            self.write(f"[bdb] {exc.reason}: continuing without the debugger")
-            return None
+        return command_input.next_command(self.script, PROMPT, self.out, self.write,
+                                          "[bdb] {reason}: continuing without the debugger")
 
     def command_loop(self, view: FrameView) -> None:
         while True:

@@ -120,3 +120,18 @@ def read_command(prompt: str, out: TextIO) -> str:
         raise InputEnded(f"stdin cannot be read ({type(exc).__name__}: {exc})") from None
     out.write(line + "\n")  # echo: a scripted session reads like a transcript
     return line
+
+
+def next_command(script: list, prompt: str, out: TextIO, write, when_ended: str) -> Optional[str]:
+    """A debugger's next command: the first of `script` (tests and docs drive a session so,
+    echoed after the prompt as if typed), else a typed one; None when input has ended, after
+    writing `when_ended` (with {reason})."""
+    if script:
+        line = script.pop(0)
+        out.write(prompt + line + "\n")
+        return line
+    try:
+        return read_command(prompt, out)
+    except InputEnded as exc:
+        write(when_ended.format(reason=exc.reason))
+        return None

@@ -147,15 +147,8 @@ class Stepper:
                 self.write(f"*** {type(exc).__name__}: {exc}")
 
     def next_command(self) -> Optional[str]:
-        if self.script:
-            line = self.script.pop(0)
-            self.out.write(PROMPT + line + "\n")
-            return line
-        try:
-            return command_input.read_command(PROMPT, self.out)
-        except command_input.InputEnded as exc:
-            self.write(f"[replay] {exc.reason}: leaving the replay")
-            return None
+        return command_input.next_command(self.script, PROMPT, self.out, self.write,
+                                          "[replay] {reason}: leaving the replay")
 
     # ------------------------------------------------------------------ display
     def show(self) -> None:

@@ -15,7 +15,7 @@ split at the gradient-bucket boundaries when `engine.config.optimize_ddp` is on
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 

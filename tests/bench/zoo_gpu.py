@@ -18,7 +18,6 @@ the rows are written as JSON too."""
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -171,7 +170,6 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
            "peak_gib": peak}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"] = top_kernels(call)
-    del model, fn, call
     return row
 
 
