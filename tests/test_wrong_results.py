@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import engine
 from tests.engine_helpers import fresh_engine  # noqa: F401  (autouse)
@@ -279,3 +280,25 @@ def test_unsafe_split_results_are_views_of_the_input_as_in_eager(op, backend):
         assert p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
     parts[0].fill_(7.0)
     assert (op(x)[0] == 7.0).all()
+
+
+# -- two results that are views of one intermediate: writing through one changes the other ----
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_that_view_one_intermediate_stay_views_of_it(backend):
+    """Fuzzer seed 40121: `t3` and `t3[::2]` leave the graph (at a break) as views of `t0`,
+    which is not a result itself; eager code then writes through the second one."""
+    def f(x, y):
+        t0 = y * x + y
+        t2 = t0.mul_(x).amax(0)
+        t3 = F.leaky_relu(t0[1:], 0.2, inplace=True)
+        v = t3[::2]
+        engine.graph_break()
+        v.lerp_(t2, 0.5)
+        return t3.clamp(-0.5, 0.5)
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(6, 7, dtype=torch.float64, generator=g), torch.randn(6, 7, generator=g)
+
+    run(f, inputs, backend)

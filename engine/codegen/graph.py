@@ -9,6 +9,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
 from . import values as V
@@ -61,6 +62,16 @@ def _aliases_an_input(node) -> bool:
             return False
         node = node.args[0]
     return True  # not a node: a constant or an unknown, left as it is
+
+
+def _storage_of(fake):
+    """The identity of a fake value's storage (two views of one tensor share it), or None."""
+    if not isinstance(fake, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(fake.untyped_storage())
+    except Exception:   # no storage (a sparse or nested fake)
+        return None
 
 
 def fake_of(node):
@@ -126,7 +137,8 @@ class GraphLowering:
                 self.env[node] = self._call(node, LOWERINGS)
             elif node.op == "output":
                 outs = pytree.tree_leaves(node.args[0])
-                claimed: set = set()
+                self._realize_shared_bases(outs, LOWERINGS)
+                claimed: dict = {}
                 self.outputs = []
                 for o in outs:
                     if isinstance(o, torch.fx.Node):   # an output realized here computes o's chain
@@ -273,19 +285,55 @@ class GraphLowering:
         costly = [n for n in ops if n.name in _TRANSCENDENTAL]
         return len(ops) <= 12 and len(costly) <= 1 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
 
-    def _output(self, value, node, claimed: set):
+    def _realize_shared_bases(self, outs, lowerings) -> None:
+        """Results that are views of one intermediate in eager (`t[1:]` and `t[1:][::2]`) must
+        be views of one buffer here: that intermediate is realized and the views lowered
+        again over it."""
+        output_node, chains = self.current_node, {}
+        for o in outs:
+            chain = [o] if isinstance(o, torch.fx.Node) else []
+            while chain and chain[-1].op == "call_function" and getattr(chain[-1].target, "is_view", False) \
+                    and isinstance(chain[-1].args[0], torch.fx.Node):
+                chain.append(chain[-1].args[0])
+            if len(chain) > 1:
+                chains.setdefault(chain[-1], []).append(chain)
+        for base, views in chains.items():
+            value = self.env.get(base)
+            if len(views) < 2 or not isinstance(value, TensorValue) or self.as_strided(value) is not None:
+                continue
+            self.current_node = base
+            self.env[base] = self.realize(value, fake_of(base))
+            for chain in views:
+                for node in reversed(chain[:-1]):
+                    self.current_node = node
+                    self.env[node] = self._call(node, lowerings)
+        self.current_node = output_node
+
+    def _output(self, value, node, claimed: dict):
+        """`claimed`: buffer -> (the eager storage, the node) of the output that returns it
+        (outputs that are views of one intermediate in eager, `t[1:]` and `t[1:][::2]`, share
+        it here too: writing through one must change the other)."""
         if isinstance(value, TensorValue):
             fake = fake_of(node) if isinstance(node, torch.fx.Node) else None
+            storage = _storage_of(fake)
             view = self.as_strided(value)
             if view is None:
                 value = self.realize(value, fake)
             elif not _aliases_an_input(node) and (view[0] in self.input_nodes or view[0] in self.alias_buffers
-                                                  or view[0] in claimed):
+                                                  or (view[0] in claimed and (storage is None
+                                                                              or claimed[view[0]][0] != storage))):
                 # the op made new memory in eager (clone, diag, repeat, ...) though its values are
                 # read in place from memory someone else sees (an input, a view of one, another
                 # output): the output is a copy, never the caller's tensor
                 value = self.realize(value, fake, copy=True)
-            claimed.add(self.as_strided(value)[0])
+            mine = self.as_strided(value)[0]
+            if storage is not None and any(st == storage and buf != mine and other is not node
+                                           for buf, (st, other) in claimed.items()):
+                # in eager this output and an earlier one are views of one tensor (writing
+                # through one changes the other); here they would be two buffers
+                raise Unsupported(f"outputs {node} and an earlier one are views of one tensor that is not "
+                                  "an output itself")
+            claimed.setdefault(mine, (storage, node))
             return value
         return value
 
