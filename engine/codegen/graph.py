@@ -64,6 +64,11 @@ def _aliases_an_input(node) -> bool:
     return True  # not a node: a constant or an unknown, left as it is
 
 
+def _is_view(node) -> bool:
+    """An aten view op (reshape, transpose, slice, ...): its result reads its input's memory."""
+    return isinstance(node, torch.fx.Node) and getattr(node.target, "is_view", False)
+
+
 def _storage_of(fake):
     """The identity of a fake value's storage (two views of one tensor share it), or None."""
     if not isinstance(fake, torch.Tensor):
@@ -156,7 +161,7 @@ class GraphLowering:
         for a in node.all_input_nodes:
             v = self.env.get(a)
             # a view of a buffer is read through its indexing here: it is part of this kernel too
-            if isinstance(v, TensorValue) and (not v.realized or getattr(a.target, "is_view", False)):
+            if isinstance(v, TensorValue) and (not v.realized or _is_view(a)):
                 chain += [n for n in self.chains.get(a, ()) if n not in chain]
         self.chains[node] = (chain + [node.name])[-64:]
 
@@ -179,7 +184,7 @@ class GraphLowering:
         work = list(node.all_input_nodes)
         while work:
             a = work.pop()
-            if getattr(a.target, "is_view", False) and a.name not in names:
+            if _is_view(a) and a.name not in names:
                 names.insert(0, a.name)
                 work.extend(a.all_input_nodes)
         return names
@@ -292,8 +297,7 @@ class GraphLowering:
         output_node, chains = self.current_node, {}
         for o in outs:
             chain = [o] if isinstance(o, torch.fx.Node) else []
-            while chain and chain[-1].op == "call_function" and getattr(chain[-1].target, "is_view", False) \
-                    and isinstance(chain[-1].args[0], torch.fx.Node):
+            while chain and _is_view(chain[-1]) and isinstance(chain[-1].args[0], torch.fx.Node):
                 chain.append(chain[-1].args[0])
             if len(chain) > 1:
                 chains.setdefault(chain[-1], []).append(chain)
