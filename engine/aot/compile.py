@@ -159,15 +159,21 @@ class AOTCompiled:
         tracer = Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
         if training:
             return self._build_training(tracer, meta, fakes, flat, gid)
-        return self._build_inference(tracer, meta, fakes, gid)
+        return self._build_inference(tracer, meta, fakes, gid, inputs_alias)
 
-    def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int):
+    def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int, inputs_alias: bool):
         with observe.stage("aot_trace_inference_graph"):
             traced = tracer.trace_inference(fakes)
         graph = extract(traced, placeholders(traced), output_nodes(traced), "inference")
         observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},
                      payload=lambda: readable(graph), log="aot_graphs")
         graph.meta["aot_graph"] = ("inference", gid)   # kernel provenance names the graph
+        if not inputs_alias:
+            # A compiler may write these outputs into the inputs' memory (and return the
+            # inputs): an optimizer step then updates its parameters where they are.
+            graph.meta["mutated_inputs"] = {k: i for k, i in enumerate(meta.mutated_inputs)
+                                            if not (meta.inputs[i].mutates_metadata
+                                                    or meta.inputs[i].differentiable_mutation)}
         with observe.stage("aot_compile_inference"):
             compiled = self.config.inference_compiler(graph, _example_values(graph))
         return InferenceEntry(compiled, meta)

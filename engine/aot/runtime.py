@@ -19,7 +19,8 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
         with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
             for k, i in enumerate(meta.mutated_inputs):
-                flat[i].copy_(outs[k])
+                if outs[k] is not flat[i]:     # else the compiled graph wrote it in place
+                    flat[i].copy_(outs[k])
     else:
         for k, i in enumerate(meta.mutated_inputs):
             target, new = flat[i], outs[k]

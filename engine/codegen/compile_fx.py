@@ -75,7 +75,8 @@ def graph_key(gm, example_inputs) -> str:
             meta.append((str(x.dtype), tuple(map(str, x.shape)), tuple(map(str, x.stride()))))
         else:
             meta.append(repr(type(x)))
-    return hashlib.sha256((gm.code + repr(meta)).encode()).hexdigest()[:16]
+    writes = repr(sorted(gm.meta.get("mutated_inputs", {}).items()))   # may be written in place
+    return hashlib.sha256((gm.code + repr(meta) + writes).encode()).hexdigest()[:16]
 
 
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs) -> CompiledGraph:
@@ -112,6 +113,8 @@ def uncompiled(gm, out_spec, exc: Exception, what: str, level: int) -> CompiledG
     observe.log("inductor", level, what + " could not compile this graph, running its aten ops: %s", reason)
     observe.log("inductor", logging.DEBUG, "%s", traceback.format_exc())
     _hint("whole graph runs uncompiled (aten ops one by one): %s", reason)
+    observe.emit("artifact", {"name": "graph_uncompiled", "encoding": "string", "stage": what,
+                              "crash": not isinstance(exc, Unsupported)}, lambda: reason)
     cache_explain.report("bypass", "(not compiled)", None, [], [f"{what} could not compile this graph: {reason}"])
     return CompiledGraph(gm, None, out_spec, None, 0, 0, fallback_reason=reason)
 
@@ -137,7 +140,8 @@ def lower_and_schedule(gm, example_inputs):
         _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
 
     graph_inputs = {b.name for b in g.inputs if b is not None}
-    sched = schedule(g.nodes, output_buffers(g), graph_inputs)
+    sched = schedule(g.nodes, output_buffers(g), graph_inputs, g.write_back)
+    g.mutated_inputs |= {t for n, t in sched.reuse.items() if t in graph_inputs}   # written in place
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")
     g.kernel_origins = {o.kernel: o for o in kernel_origins(gm, sched.steps)}

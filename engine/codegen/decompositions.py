@@ -11,6 +11,8 @@ import torch
 import torch._decomp
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from .foreach import foreach_decompositions
+
 aten = torch.ops.aten
 
 _EXTRA = [
@@ -129,6 +131,7 @@ def decomposition_table() -> dict:
     table[aten.addmm.default] = functools.partial(_addmm, table[aten.addmm.default])
     table[aten.mean.default] = _mean_all
     table[aten.gelu.default] = functools.partial(_gelu, table[aten.gelu.default])
+    table.update(foreach_decompositions())
     for packet, fn in ((aten.var_mean, _var_mean), (aten.var, _var), (aten.std, _std), (aten.std_mean, _std_mean)):
         table[packet.correction] = fn
         table[packet.dim] = functools.partial(_unbiased_dim, fn)

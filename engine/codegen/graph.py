@@ -118,6 +118,7 @@ class GraphLowering:
         self._counter = 0
         self.chains: dict = {}   # fx node -> the fx node names a buffer realized there computes
         self.kernel_origins: dict = {}   # step name -> provenance.KernelOrigin, set after scheduling
+        self.write_back: dict = {}       # computed buffer -> the input whose new value it is
 
     # -- names -----------------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -149,6 +150,7 @@ class GraphLowering:
                     if isinstance(o, torch.fx.Node):   # an output realized here computes o's chain
                         self.chains[node] = self.chains.get(o, [o.name])
                     self.outputs.append(self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o, claimed))
+                self._find_write_backs()
             else:
                 raise Unsupported(f"fx node kind {node.op}")
         return self
@@ -312,6 +314,26 @@ class GraphLowering:
                     self.current_node = node
                     self.env[node] = self._call(node, lowerings)
         self.current_node = output_node
+
+    def _find_write_backs(self) -> None:
+        """Outputs that are the new values of mutated inputs (the AOT stage marks them in
+        gm.meta["mutated_inputs"]), each a whole buffer computed here and returned once, with
+        its input's layout: the scheduler may store them in the input's memory."""
+        computed = {n.name for n in self.nodes if isinstance(n, ComputedBuffer)}
+        views = [self.as_strided(o) if isinstance(o, TensorValue) else None for o in self.outputs]
+        returned = [v[0] for v in views if v is not None]
+        for k, i in self.gm.meta.get("mutated_inputs", {}).items():
+            view = views[k] if k < len(views) else None
+            target = f"arg{i}"
+            if view is None or target not in self.input_nodes or view[0] not in computed:
+                continue
+            buf, layout = view
+            mine, theirs = self.buffer_layouts[buf], self.buffer_layouts[target]
+            same = lambda a, b: (tuple(a.sizes), tuple(a.strides), a.dtype, a.device, a.offset) == \
+                (tuple(b.sizes), tuple(b.strides), b.dtype, b.device, b.offset)    # noqa: E731
+            if returned.count(buf) == 1 and same(layout, mine) and same(mine, theirs) \
+                    and is_dense(mine.sizes, mine.strides):     # each element stored once
+                self.write_back[buf] = target
 
     def _output(self, value, node, claimed: dict):
         """`claimed`: buffer -> (the eager storage, the node) of the output that returns it

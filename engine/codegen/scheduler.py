@@ -227,12 +227,14 @@ def _initial(name: str, buf: ComputedBuffer) -> KernelBuilder:
     return kb
 
 
-def schedule(nodes: list, output_buffers: set, graph_inputs: set) -> Schedule:
+def schedule(nodes: list, output_buffers: set, graph_inputs: set, write_back: Optional[dict] = None) -> Schedule:
+    """write_back: buffer -> the graph input whose new value it is (stored in that input's
+    memory where no later read needs the old value)."""
     with observe.stage("scheduling"):
-        return _schedule(nodes, output_buffers, graph_inputs)
+        return _schedule(nodes, output_buffers, graph_inputs, write_back or {})
 
 
-def _schedule(nodes, output_buffers, graph_inputs) -> Schedule:
+def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
     steps: list = []           # KernelBuilder | ExternKernel
     producer_step: dict = {}   # buffer -> step index
     decisions: list[str] = []
@@ -282,7 +284,9 @@ def _schedule(nodes, output_buffers, graph_inputs) -> Schedule:
                     m, why = alt.try_add(node)
                     if m is not None:
                         s.outer, s.outer_vars, s.members = alt.outer, alt.outer_vars, alt.members
-            if m is None and not node.is_reduction and squeeze(node.data.ranges) != s.outer:
+            # (never to no outer loop at all: a 0-d value, an optimizer's step count, would turn
+            # its sibling's whole loop into one sequential program)
+            if m is None and not node.is_reduction and squeeze(node.data.ranges) not in (s.outer, ()):
                 alt = s.resplit(squeeze(node.data.ranges)) if len(squeeze(node.data.ranges)) < len(s.outer) else None
                 if alt is not None:
                     m2, why2 = alt.try_add(node)
@@ -303,7 +307,7 @@ def _schedule(nodes, output_buffers, graph_inputs) -> Schedule:
             steps.append(kb)
             producer_step[node.name] = len(steps) - 1
 
-    return _plan(steps, output_buffers, graph_inputs, decisions)
+    return _plan(steps, output_buffers, graph_inputs, decisions, write_back)
 
 
 def kernel_name(base: str, members: list) -> str:
@@ -344,7 +348,7 @@ def _phases(kb: KernelBuilder) -> list[Phase]:
     return phases
 
 
-def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
+def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedule:
     # who reads what, per step
     readers: dict = {}
     written_at: dict = {}
@@ -408,6 +412,13 @@ def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
     for i, s in enumerate(final):
         if isinstance(s, FusedKernel):
             for n in sorted(s.stored):
+                target = write_back.get(n)
+                if target is not None and _write_back_ok(s, n, target, readers, i, extern_read):
+                    s.storage[n] = target
+                    reuse[n] = target
+                    decisions.append(f"{s.name}: {n} is the new value of input {target}: written in its memory")
+                    allocations.setdefault(i, []).append(n)
+                    continue
                 # in place: an input read only at the element being written, dead after this step
                 target = _inplace_candidate(s, n, readers, last_use, i, output_buffers, graph_inputs,
                                             extern_read, layouts)
@@ -433,6 +444,19 @@ def _plan(steps, output_buffers, graph_inputs, decisions) -> Schedule:
                 if n not in extern_read and n not in graph_inputs and n not in set(reuse.values()):
                     free_pool.append((n, key(layouts[n])))
     return Schedule(final, allocations, frees, reuse, decisions)
+
+
+def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_read) -> bool:
+    """Whether `name` may be stored in graph input `target`'s memory: no later step and no
+    extern call reads the input, and in this kernel it is read only at the element being
+    written, by members computed no later than `name`."""
+    if target in extern_read or max(readers.get(target, {step})) > step:
+        return False
+    order = {m.name: k for k, m in enumerate(fk.members)}
+    me = next(m for m in fk.members if m.name == name)
+    return not any(ld.name == target and (ld.kind == "iload" or sympy.expand(ld.extra - me.store_index) != 0
+                                          or order[m.name] > order[name] or m.inner != me.inner)
+                   for m in fk.members for ld in V.loads(m.value))
 
 
 def _inplace_candidate(fk: FusedKernel, name, readers, last_use, step, outputs, graph_inputs, extern_read, layouts):

@@ -116,7 +116,9 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
 
     for i, step in enumerate(sched.steps):
         for n in sched.allocations.get(i, []):
-            if n in sched.reuse:
+            if sched.reuse.get(n) in g.input_nodes:
+                body.append(f"{n} = {sched.reuse[n]}  # the input's new value, written in its memory")
+            elif n in sched.reuse:
                 body.append(f"{n} = {sched.reuse[n]}; del {sched.reuse[n]}  # reuse")
                 live_name[sched.reuse[n]] = n
             else:
