@@ -197,3 +197,33 @@ def test_foreach_results_feed_fused_kernels_in_their_real_layout(make):
 @pytest.mark.parametrize("dim", [0, -1, (0,)])
 def test_mean_of_a_0d_tensor_over_its_only_dim(dim):
     check(lambda x: torch.mean(x, dim=dim, keepdim=True) + x.mean(dim), torch.tensor(-8.5))
+
+
+@pytest.mark.parametrize("read", ["gather", "index", "index_select", "embedding"])
+def test_data_dependent_reads_of_a_computed_value_name_one_buffer(read):
+    """A gathered value that is not in memory yet (a cross-entropy's log-softmax) is
+    realized once, when lowered: evaluating the kernel body again (the scheduler does, per
+    kernel it tries) reads that same buffer and adds none. A GPT-2 training forward ran
+    uncompiled ("kernel0 reads buf101 before kernel31 writes it") when each evaluation
+    realized a new one."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from engine.codegen import decomposition_table
+    from engine.codegen.graph import GraphLowering
+    from engine.codegen.ir import ComputedBuffer
+
+    x, t = torch.randn(4, 6), torch.randint(0, 4, (4, 1))
+    fn = {"gather": lambda x, t: torch.gather(x.log_softmax(-1) * 2, 1, t),
+          "index": lambda x, t: (x * 2)[t[:, 0]],
+          "index_select": lambda x, t: torch.index_select(x.exp(), 0, t[:, 0]),
+          "embedding": lambda x, t: F.embedding(t, x.sin())}[read]
+    gm = make_fx(fn, decomposition_table=decomposition_table())(x, t)
+    g = GraphLowering(gm, [x, t]).run()
+    bufs = [n for n in g.nodes if isinstance(n, ComputedBuffer)]
+    count = len(g.nodes)
+    first = [n.reads() for n in bufs]
+    assert [n.reads() for n in bufs] == first
+    assert len(g.nodes) == count      # no buffer added by evaluating a body
+    names = {n.name for n in bufs} | {b.name for b in g.inputs if b is not None}
+    assert set().union(*first) <= names
+    check(fn, x, t)

@@ -50,6 +50,10 @@ def check(result):
             print(f"  error {r['model']}: {r['error']}")
     wrong = [r for r in rows if r["status"] == "wrong"]
     assert not wrong, "wrong results:\n" + "\n".join(f"  {r['model']}: {r['error']}" for r in wrong)
+    # a codegen crash is hidden from the user (the graph runs as aten ops): the zoo shows it
+    crashed = [r for r in rows if r.get("codegen_crashes")]
+    assert not crashed, "codegen crashed (graphs ran uncompiled):\n" + "\n".join(
+        f"  {r['model']}: {r['codegen_crashes'][0]}" for r in crashed)
     assert any(r["status"] != "skip" for r in rows), "the zoo ran no model"
 
 

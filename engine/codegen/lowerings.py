@@ -789,14 +789,18 @@ def select_scatter(g, base, src, dim, index):
 
 
 # -- indirect indexing -------------------------------------------------------------------
+def _in_memory(g, x: TensorValue) -> TensorValue:
+    """x as a view of a buffer, for data-dependent reads: realized when the lowering runs,
+    never inside a loader (each evaluation would add a buffer, and the kernel that read it
+    would name one nobody writes)."""
+    return x if g.as_strided(x) is not None else g.realize(x)
+
+
 def _indirect(g, x: TensorValue, positions: dict, idx, cdt):
-    """x read where dims in `positions` take data-dependent values (Value, wrapped for
-    negative indices); other dims from idx (a list over x's dims, None at indexed dims)."""
-    view = g.as_strided(x)
-    if view is None:
-        x = g.realize(x)
-        view = g.as_strided(x)
-    buf, layout = view
+    """x (a buffer view: _in_memory) read where dims in `positions` take data-dependent
+    values (Value, wrapped for negative indices); other dims from idx (a list over x's dims,
+    None at indexed dims)."""
+    buf, layout = g.as_strided(x)
     bindings, full = [], []
     for d in range(len(x.sizes)):
         if d in positions:
@@ -817,6 +821,7 @@ def embedding(g, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spar
     sizes, dtype, device = out_meta(g)
     cdt = V.compute_dtype(dtype)
     k = len(indices.sizes)
+    weight = _in_memory(g, weight)
 
     def fn(idx):
         return _indirect(g, weight, {0: indices.loader(idx[:k])}, [None] + list(idx[k:]), cdt)
@@ -830,6 +835,7 @@ def index_select(g, x, dim, index):
     dim = dim % max(1, len(x.sizes))
     if len(x.sizes) == 0:
         return NotImplemented
+    x = _in_memory(g, x)
 
     def fn(idx):
         pos = index.loader([idx[dim]] if len(index.sizes) == 1 else [])
@@ -844,6 +850,7 @@ def gather(g, x, dim, index, sparse_grad=False):
     if len(x.sizes) == 0:
         return NotImplemented
     dim = dim % len(x.sizes)
+    x = _in_memory(g, x)
 
     def fn(idx):
         return _indirect(g, x, {dim: index.loader(list(idx))}, list(idx[:dim]) + [None] + list(idx[dim + 1:]), cdt)
@@ -861,6 +868,7 @@ def index(g, x, indices):
         return NotImplemented    # boolean masks: data-dependent output shape
     p = present[0]
     bshape = list(sizes[p:len(sizes) - (len(x.sizes) - len(indices)) - (len(indices) - present[-1] - 1)])
+    x = _in_memory(g, x)
 
     def fn(idx):
         bidx = idx[p:p + len(bshape)]

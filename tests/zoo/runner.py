@@ -180,6 +180,7 @@ class EngineCounter:
         self.graphs = 0
         self.ops = 0     # call nodes over all graphs (torch's counters["stats"]["calls_captured"])
         self.breaks: collections.Counter = collections.Counter()
+        self.uncompiled: list = []   # graphs codegen ran as aten ops: (crashed, reason)
         counter = self
 
         def counting_backend(gm, example_inputs):
@@ -195,13 +196,19 @@ class EngineCounter:
         gid = md.get("graph_break_id")
         self.breaks[f"[{gid}] {reason}" if gid else reason] += 1
 
+    def _on_artifact(self, event) -> None:
+        if event.metadata.get("name") == "graph_uncompiled":
+            self.uncompiled.append((bool(event.metadata.get("crash")), _first_line(event.payload(), 200)))
+
     @contextlib.contextmanager
     def active(self):
         observe.subscribe(self._on_break, events=["graph_break"])
+        observe.subscribe(self._on_artifact, events=["artifact"])
         try:
             yield
         finally:
             observe.unsubscribe(self._on_break)
+            observe.unsubscribe(self._on_artifact)
 
 
 def compile_with(impl: str, backend: str, model: torch.nn.Module, entry):
@@ -278,6 +285,8 @@ def run_compiled(name: str, impl: str, backend: str, mode: str, base: torch.nn.M
         try:
             if impl == "engine" and counter is not None:
                 row["graphs"], row["ops"], breaks = counter.graphs, counter.ops, counter.breaks
+                row["uncompiled"] = [reason for _, reason in counter.uncompiled]
+                row["codegen_crashes"] = [reason for crashed, reason in counter.uncompiled if crashed]
             elif impl == "torch":
                 row["graphs"], row["ops"], breaks = _torch_counts()
             else:
@@ -329,7 +338,10 @@ def _status(row, width: int) -> str:
 
 def _reasons(row, top: int = 3) -> str:
     items = list((row.get("break_reasons") or {}).items())[:top]
-    return "; ".join(f"{n}x {r}" for r, n in items)
+    text = "; ".join(f"{n}x {r}" for r, n in items)
+    if row.get("uncompiled"):   # graphs the backend ran as aten ops: never silent
+        text = f"{len(row['uncompiled'])} graph(s) uncompiled: {row['uncompiled'][0]}" + (f"; {text}" if text else "")
+    return text
 
 
 def _counts(row) -> str:
