@@ -253,3 +253,33 @@ def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
             k = check(logits, x, tol=2e-2)
         assert any(".out(" in c and "50264" in c for c in code), code
         assert not k.hints or not any("uncompiled" in h for h in k.hints)
+
+
+def test_the_backward_of_an_odd_vocabulary_reads_one_padded_copy_of_the_logits_gradient():
+    """Training through an lm head of 50257 outputs: both backward matmuls read the logits'
+    gradient (one transposed); it is written once with rows padded to 16 bytes, in the
+    kernel that computes it, and the gradients are eager's."""
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(256, 50257, bias=False, device=DEV)
+    x = torch.randn(2, 64, 256, device=DEV, requires_grad=True)
+    target = torch.randint(0, 50257, (128,), device=DEV)
+
+    def loss_of(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = head(x)
+        return F.cross_entropy(logits.float().view(-1, 50257), target)
+
+    want = loss_of(x)
+    want.backward()
+    want_grads = [x.grad.clone(), head.weight.grad.clone()]
+    x.grad, head.weight.grad = None, None
+    with logs("output_code") as code:
+        got = engine.compile(loss_of, backend="inductor")(x)
+        got.backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for g, w in zip([x.grad, head.weight.grad], want_grads):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)
+    backward = [c for c in code if "(50257, 128), (1, 50264)" in c]
+    assert backward, "\n".join(code)[-4000:]

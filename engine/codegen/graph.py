@@ -119,6 +119,7 @@ class GraphLowering:
         self.chains: dict = {}   # fx node -> the fx node names a buffer realized there computes
         self.kernel_origins: dict = {}   # step name -> provenance.KernelOrigin, set after scheduling
         self.write_back: dict = {}       # computed buffer -> the input whose new value it is
+        self._aligned: dict = {}         # matmul operand (buffer, layout) -> its row-padded copy
 
     # -- names -----------------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -427,6 +428,31 @@ class GraphLowering:
         tv.buffer, tv.layout = v.name, layout
         return v.name, layout
 
+    def _aligned_operand(self, view) -> TensorValue:
+        """A matmul operand whose rows (or columns) are not 16-byte aligned (the logits'
+        gradient, 50257 wide) copied once into a buffer with padded rows; both of the
+        backward's matmuls read that copy (one transposed), which fuses into the kernel that
+        computes the operand."""
+        buf, layout = view
+        rows, cols, transposed = _unaligned_operand(layout)
+        src = Layout((rows, cols), (layout.strides[1], 1) if transposed else (layout.strides[0], 1),
+                     layout.dtype, layout.device, layout.offset)
+        key = (buf, src.sizes, src.strides, src.offset)
+        name = self._aligned.get(key)
+        padded = (cols + 7) // 8 * 8
+        if name is None:
+            name = self.new_name()
+            dense = Layout(src.sizes, (sympy.Integer(padded), sympy.Integer(1)), src.dtype, src.device, 0)
+            loader, cdt = strided_value(buf, src).loader, V.compute_dtype(src.dtype)
+            self.nodes.append(ComputedBuffer(name, dense, Pointwise([rows, cols], lambda idx: V.cast(loader(idx), cdt)),
+                                             origins=self._origins()))
+            self.buffer_layouts[name] = dense
+            self._aligned[key] = name
+        if transposed:
+            return strided_value(name, Layout((cols, rows), (sympy.Integer(1), sympy.Integer(padded)),
+                                              src.dtype, src.device, 0))
+        return strided_value(name, self.buffer_layouts[name])
+
     # -- extern kernels --------------------------------------------------------------
     def extern(self, op, args, kwargs, fake, fallback: bool):
         reads: set = set()
@@ -448,6 +474,9 @@ class GraphLowering:
                     view = self.as_strided(a)
                 if view is None:
                     a = self.realize(a, None)
+                    view = self.as_strided(a)
+                if op in _PADDED_MATMULS and _unaligned_operand(view[1]) is not None:
+                    a = self._aligned_operand(view)
                     view = self.as_strided(a)
                 reads.add(view[0])
                 return a
@@ -518,6 +547,22 @@ def _padded_matmul_layout(op, outputs):
         return None
     padded = (int(n) + 7) // 8 * 8
     return Layout(lay.sizes, (sympy.Integer(padded), sympy.Integer(1)), lay.dtype, lay.device, 0)
+
+
+def _unaligned_operand(layout):
+    """(rows, cols, transposed) of a 16-bit CUDA matrix whose leading dimension is not a
+    multiple of 8 elements (cuBLAS then takes its slow unaligned kernels), as the row-major
+    matrix it is (transposed: the operand is that matrix's transpose); else None."""
+    if layout.device.type != "cuda" or layout.dtype not in (torch.float16, torch.bfloat16) or len(layout.sizes) != 2:
+        return None
+    (r, c), (s0, s1) = layout.sizes, layout.strides
+    if not all(isinstance(x, sympy.Integer) for x in (r, c, s0, s1)):
+        return None
+    if s1 == 1 and int(s0) % 8 and int(s0) >= int(c) >= 256:
+        return int(r), int(c), False
+    if s0 == 1 and int(s1) % 8 and int(s1) >= int(r) >= 256:
+        return int(c), int(r), True
+    return None
 
 
 def _lowerable(fake) -> bool:
