@@ -283,3 +283,32 @@ def test_the_backward_of_an_odd_vocabulary_reads_one_padded_copy_of_the_logits_g
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)
     backward = [c for c in code if "(50257, 128), (1, 50264)" in c]
     assert backward, "\n".join(code)[-4000:]
+
+
+def test_an_adamw_step_is_fused_per_parameter_and_updates_in_place():
+    """engine.compile(opt.step) on CUDA parameters: the capturable AdamW step's foreach ops
+    become one Triton kernel per parameter plus one for every step count, each storing into
+    the parameter and state tensors themselves; the parameters after three steps are eager's."""
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    shapes = [(64, 48), (48,), (3, 5, 7)]
+    ref = [torch.randn(s, device=DEV, requires_grad=True) for s in shapes]
+    mine = [p.detach().clone().requires_grad_() for p in ref]
+    eager_opt = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1, capturable=True)
+    opt = torch.optim.AdamW(mine, lr=1e-2, weight_decay=0.1)
+    ptrs = [p.data_ptr() for p in mine]
+    with logs("schedule") as sched, logs("perf_hints") as hints:
+        step = engine.compile(opt.step)
+        for _ in range(3):
+            for a, b in zip(ref, mine):
+                a.grad = torch.randn_like(a)
+                b.grad = a.grad.clone()
+            eager_opt.step()
+            step()
+    for a, b in zip(ref, mine):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert [p.data_ptr() for p in mine] == ptrs
+    assert not any("_foreach" in h or "uncompiled" in h for h in hints), hints
+    sched = "\n".join(sched)
+    assert sched.count("written in its memory") == 4 * len(shapes), sched

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import engine
-from tests.engine_helpers import fresh_engine  # noqa: F401  (autouse)
+from tests.engine_helpers import fresh_engine, logs  # noqa: F401  (fresh_engine: autouse)
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
@@ -302,3 +302,25 @@ def test_results_that_view_one_intermediate_stay_views_of_it(backend):
         return torch.randn(6, 7, dtype=torch.float64, generator=g), torch.randn(6, 7, generator=g)
 
     run(f, inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_result_and_its_transpose_stay_one_tensor_and_compile(backend):
+    """CLIP returns `logits_per_text` and `logits_per_image = logits_per_text.t()`: in eager
+    the second is a view of the first, so writing into one changes the other. The inductor
+    backend ran that graph uncompiled rather than return two buffers; now both are views
+    of one buffer and the graph compiles."""
+    def f(a, b, scale):
+        per_text = torch.matmul(a, b.t()) * scale.exp()
+        return per_text.t(), per_text
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(4, 8, generator=g), torch.randn(5, 8, generator=g), torch.tensor(0.5)
+
+    with logs("perf_hints") as hints:
+        per_image, per_text = run(f, inputs, backend)
+    assert not any("uncompiled" in h for h in hints), hints
+    assert per_image.data_ptr() == per_text.data_ptr()
+    per_text.zero_()
+    assert (per_image == 0).all()

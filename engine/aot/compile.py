@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import observe
 
 from .errors import AOTAutogradError, BackwardTraceError
-from .inputs import LiftedParams, TensorSpec, alias_pattern, lift_parameters, make_fake, spec_of
+from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
 from .partition import default_saved, extract, joint_parts, split, tensor_bytes
@@ -99,7 +99,7 @@ class AOTCompiled:
 
     def _key(self, flat: list) -> tuple:
         # Autocast is baked into the traced graph, so it is part of the key.
-        return (torch.is_grad_enabled(), tuple(spec_of(a) for a in flat), alias_pattern(flat),
+        return (torch.is_grad_enabled(), *call_key(flat),
                 torch._C._is_any_autocast_enabled())
 
     def precompile(self, example_inputs: list) -> None:

@@ -110,23 +110,39 @@ def spec_of(x: Any) -> Any:
     return ("object", id(x))
 
 
-def alias_pattern(args: list[Any]) -> tuple:
-    """For each tensor input, the index of the first input sharing its storage (itself if
-    none). Fake inputs never share storage here: compile-time examples are taken as distinct."""
-    seen: dict[Any, int] = {}
-    out = []
+def call_key(args: list[Any]) -> tuple:
+    """(spec_of each input, for each the index of the first input sharing its storage) in one
+    pass: computed on every call of a
+    compiled graph (an optimizer step has hundreds of inputs), so plain tensors take a path
+    without Python-level helpers; a storage is known by its base address."""
+    specs, aliases, seen = [], [], {}
     for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
-            try:
-                key = (a.device, a.untyped_storage().data_ptr())
-            except Exception:  # tensors without storage (sparse, ...): never aliased
-                key = ("nostorage", i)
-            if key[1] == 0:   # empty storages all have data_ptr 0
-                key = ("empty", i)
-            out.append(seen.setdefault(key, i))
+        t = type(a)
+        if t is torch.Tensor or t is torch.nn.Parameter:
+            off = a.storage_offset()
+            specs.append(tuple.__new__(TensorSpec, (tuple(a.shape), a.stride(), off, a.dtype, a.device, a.requires_grad,
+                                                    t is torch.nn.Parameter)))
+            ptr = a.data_ptr()
+            if ptr == 0:       # empty storages all have address 0
+                aliases.append(i)
+            else:
+                aliases.append(seen.setdefault((a.device, ptr - off * a.element_size()), i))
         else:
-            out.append(i)
-    return tuple(out)
+            specs.append(spec_of(a))
+            aliases.append(_alias(a, i, seen))
+    return tuple(specs), tuple(aliases)
+
+
+def _alias(a: Any, i: int, seen: dict) -> int:
+    """The index of the first input sharing a's storage (i if none). Fake inputs never share
+    storage here: compile-time examples are taken as distinct."""
+    if not isinstance(a, torch.Tensor) or isinstance(a, FakeTensor):
+        return i
+    try:
+        ptr = a.untyped_storage().data_ptr()
+    except Exception:   # tensors without storage (sparse, ...): never aliased
+        return i
+    return i if ptr == 0 else seen.setdefault((a.device, ptr), i)
 
 
 def make_fake(spec: TensorSpec, fake_mode) -> torch.Tensor:

@@ -48,8 +48,9 @@ class CompiledGraph:
         self.extern_ops: list = []
         self.fallback_ops: list = []
         self.mutated_args: frozenset = frozenset()   # input positions the graph writes in place
-        n = out_spec.num_leaves    # the usual output, a flat list, is the wrapper's list as it is
-        self._flat_list = pytree.tree_unflatten(list(range(n)), out_spec) == list(range(n))
+        # the usual outputs, a flat list or tuple, are the wrapper's list as it is (or as a tuple)
+        shape = pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
+        self._flat = type(shape) if type(shape) in (list, tuple) and list(shape) == list(range(len(shape))) else None
 
     def __call__(self, *args):
         if self._call is None:
@@ -60,7 +61,9 @@ class CompiledGraph:
             _hint("an input mutated in place arrived with other strides than at compile time: "
                   "running the aten graph for this call")
             return self.gm(*args)
-        return outs if self._flat_list else pytree.tree_unflatten(outs, self.out_spec)
+        if self._flat is list:
+            return outs
+        return tuple(outs) if self._flat is tuple else pytree.tree_unflatten(outs, self.out_spec)
 
 
 def _hint(msg, *args):

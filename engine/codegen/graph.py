@@ -120,6 +120,7 @@ class GraphLowering:
         self.kernel_origins: dict = {}   # step name -> provenance.KernelOrigin, set after scheduling
         self.write_back: dict = {}       # computed buffer -> the input whose new value it is
         self._aligned: dict = {}         # matmul operand (buffer, layout) -> its row-padded copy
+        self._new_values: set = set()    # fx nodes whose values a mutated input takes (set by run)
 
     # -- names -----------------------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -131,6 +132,11 @@ class GraphLowering:
     def run(self) -> "GraphLowering":
         from .lowerings import LOWERINGS
         V.reset()
+        out = next(n for n in self.gm.graph.nodes if n.op == "output")
+        leaves = pytree.tree_leaves(out.args[0])
+        # new values of mutated inputs: stored anyway (maybe in the input's memory), so their
+        # other users read them instead of recomputing them from the input's old value
+        self._new_values = {leaves[k] for k in self.gm.meta.get("mutated_inputs", {}) if k < len(leaves)}
         placeholder_i = 0
         for node in self.gm.graph.nodes:
             self.current_node = node
@@ -259,7 +265,7 @@ class GraphLowering:
         if result is NotImplemented:
             return self.extern(target, args, kwargs, fake, fallback=True)
         if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1 \
-                and (not self._cheap_to_recompute(result) or self._feeds_extern(node)):
+                and (node in self._new_values or not self._cheap_to_recompute(result) or self._feeds_extern(node)):
             result = self.realize(result)
         return result
 
@@ -302,11 +308,12 @@ class GraphLowering:
             chain = [o] if isinstance(o, torch.fx.Node) else []
             while chain and _is_view(chain[-1]) and isinstance(chain[-1].args[0], torch.fx.Node):
                 chain.append(chain[-1].args[0])
-            if len(chain) > 1:
+            if chain:    # the intermediate itself, returned beside its views (CLIP's logits and their .t())
                 chains.setdefault(chain[-1], []).append(chain)
         for base, views in chains.items():
             value = self.env.get(base)
-            if len(views) < 2 or not isinstance(value, TensorValue) or self.as_strided(value) is not None:
+            if (len(views) < 2 or all(len(c) == 1 for c in views) or not isinstance(value, TensorValue)
+                    or self.as_strided(value) is not None):
                 continue
             self.current_node = base
             self.env[base] = self.realize(value, fake_of(base))

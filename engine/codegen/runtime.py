@@ -38,6 +38,8 @@ class LayoutMismatch(Exception):
 
 
 def expect_input(t: torch.Tensor, size: tuple, stride: tuple, mutated: bool) -> torch.Tensor:
+    if t.stride() == stride and t.shape == size:     # the per-call fast path
+        return t
     if all(a == b for a, b, n in zip(t.stride(), stride, size) if n > 1) and tuple(t.shape) == tuple(size):
         return t
     if mutated or tuple(t.shape) != tuple(size):

@@ -301,6 +301,8 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
             producer_step[node.name] = i
             placed = True
             break
+        if not placed and not node.is_reduction and squeeze(node.data.ranges) == ():
+            placed = _join_scalars(steps, node, earliest, step_writes, producer_step)
         if not placed:
             kb = _initial(f"kernel{counter}", node)
             counter += 1
@@ -308,6 +310,27 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
             producer_step[node.name] = len(steps) - 1
 
     return _plan(steps, output_buffers, graph_inputs, decisions, write_back)
+
+
+def _join_scalars(steps, node, earliest: int, step_writes, producer_step) -> bool:
+    """A 0-d value that shares no input with any kernel (an optimizer's step count + 1, one per
+    parameter) joins the latest kernel of 0-d values it may move up to: one launch for all
+    of them instead of one each."""
+    reads = node.reads()
+    for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):
+        s = steps[i]
+        if reads & set().union(*[step_writes(steps[j]) for j in range(i + 1, len(steps))]):
+            return False
+        if isinstance(s, ExternKernel) or s.outer != () or any(m.buf.is_reduction or m.inner != () for m in s.members):
+            continue
+        m, why = s.try_add(node)
+        if m is None:
+            continue
+        s.members.append(m)
+        _fusion_log(node.name, s.name, "scalar beside", True, "both are 0-d")
+        producer_step[node.name] = i
+        return True
+    return False
 
 
 def kernel_name(base: str, members: list) -> str:
@@ -454,6 +477,8 @@ def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_read) ->
         return False
     order = {m.name: k for k, m in enumerate(fk.members)}
     me = next(m for m in fk.members if m.name == name)
+    if sympy.simplify(numel(me.buf.data.ranges) - numel(tuple(fk.outer) + tuple(me.out_inner))) != 0:
+        return False     # a value stored more than once per kernel (never so today): each store must be its element's only one
     return not any(ld.name == target and (ld.kind == "iload" or sympy.expand(ld.extra - me.store_index) != 0
                                           or order[m.name] > order[name] or m.inner != me.inner)
                    for m in fk.members for ld in V.loads(m.value))
