@@ -544,3 +544,60 @@ def test_an_unbound_tensor_method_is_the_method():
     y, noise = engine.compile(fn, backend="aot_eager")(torch.ones(4))
     torch.testing.assert_close(y, torch.full((4,), 9.0))
     assert noise.shape == (4,) and bool(((noise >= 0) & (noise <= 1)).all())
+
+
+# ---------------------------------------------------------------------- library idioms inside forward
+
+class _Act(torch.nn.Module):        # transformers' activations: built by ACT2FN[...] on each call
+    def __init__(self, slope=0.1):
+        super().__init__()
+        self.slope = slope
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(x, self.slope)
+
+
+class _NoisyInit(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.noise = torch.randn(3)       # a tensor attribute: a new one each construction
+
+    def forward(self, x):
+        return x + self.noise
+
+
+def test_a_library_module_built_inside_forward_compiles_when_it_holds_no_tensor():
+    def f(x):
+        return _Act(0.2)(x) * 2
+    r = explain(f, torch.randn(4))
+    assert (r.graph_count, r.graph_break_count) == (1, 0), [b.reason for b in r.break_reasons]
+    same(f, torch.randn(4))
+
+    def g(x):
+        return _NoisyInit()(x)
+    r = explain(g, torch.randn(3))     # built each call in eager (new noise): a break, with the reason
+    assert any("creating an nn.Module" in str(b.reason) for b in r.break_reasons), r.break_reasons
+
+
+_probes = []
+
+
+@functools.lru_cache
+def _version_probe(name):   # transformers' is_torch_greater_or_equal: an install probe
+    _probes.append(name)
+    return len(name) > 3
+
+
+_version_probe.__wrapped__._dynamo_marked_constant = True   # torch._dynamo.assume_constant_result's marker
+
+
+def test_a_function_marked_constant_is_called_at_trace_time():
+    """transformers marks its version probes (they read package metadata from disk) with
+    torch._dynamo.assume_constant_result's marker: the engine calls them while tracing and
+    keeps the answer, as torch.compile does, instead of tracing into importlib."""
+    def f(x):
+        return x * 2 if _version_probe("torch") else x
+    r = explain(f, torch.randn(3))
+    assert (r.graph_count, r.graph_break_count) == (1, 0), [b.reason for b in r.break_reasons]
+    assert _probes == ["torch"]
+    same(f, torch.randn(3))

@@ -337,3 +337,43 @@ def test_a_closure_over_a_list_breaks_with_a_reason_and_eagers_result():
     r = engine.explain(grad_over_a_list)(x, y)
     assert any("torch.func.grad of a function that closes over ys" in b.reason for b in r.break_reasons)
     torch.testing.assert_close(engine.compile(grad_over_a_list, backend="aot_eager")(x, y), grad_over_a_list(x, y))
+
+
+# ---------------------------------------------------------------------- associative_scan
+
+from torch._higher_order_ops.associative_scan import associative_scan  # noqa: E402
+
+
+def _selective_scan(a, b):
+    """Mamba's recurrence h[t] = a[t] * h[t-1] + b[t], as transformers writes it under compile."""
+    def combine(left, right):
+        return left[0] * right[0], right[0] * left[1] + right[1]
+    return associative_scan(combine, (a, b), dim=1, combine_mode="generic")[1]
+
+
+def _cumprod_reversed(x):
+    return associative_scan(lambda p, q: p * q, x, dim=0, reverse=True, combine_mode="generic")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn,shape", [(_selective_scan, (2, 7, 3)), (_selective_scan, (2, 8, 3)),
+                                      (_cumprod_reversed, (5, 4)), (_cumprod_reversed, (1, 4))],
+                         ids=["mamba_odd", "mamba_even", "cumprod_reverse", "length_one"])
+def test_associative_scan_is_traced_into_one_graph(fn, shape, backend):
+    """torch's associative_scan (a higher-order op) is traced as the parallel prefix it
+    computes, with eager's values (eager runs torch's own implementation) and gradients."""
+    def inputs():
+        a = torch.rand(*shape, requires_grad=True)
+        return (a, torch.randn(*shape, requires_grad=True)) if fn is _selective_scan else (a,)
+    r = run_both(fn, inputs, backend=backend, tol=dict(rtol=1e-5, atol=1e-6))
+    one_graph(r, fn, *inputs(), torch_count=False)
+
+
+def test_associative_scan_matches_the_sequential_recurrence():
+    a, b = torch.rand(2, 9, 3), torch.randn(2, 9, 3)
+    h, want = torch.zeros(2, 3), []
+    for t in range(9):
+        h = a[:, t] * h + b[:, t]
+        want.append(h)
+    got = engine.compile(_selective_scan)(a, b)
+    torch.testing.assert_close(got, torch.stack(want, 1), rtol=1e-5, atol=1e-6)

@@ -24,7 +24,7 @@ from .. import config, markers
 from ..distributed import collectives, ddp
 from . import autocast as autocastmod
 from . import autograd_function, checkpoint, higher_order
-from . import numpy_ops, optimizers, runtime, skipfiles
+from . import numpy_ops, optimizers, runtime, scan, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
@@ -86,7 +86,8 @@ def call_python_function(tx, fn, args, kwargs, source):
         return defer_logging_call(tx, fn, args, kwargs)
     if fn in markers.ALLOWED:
         return call_torch_op(tx, fn, args, kwargs)
-    if fn.__code__.co_filename.startswith(skipfiles.ENGINE_DIRS):
+    if fn.__code__.co_filename.startswith(skipfiles.ENGINE_DIRS) and \
+            fn.__code__.co_filename not in skipfiles.TRACED_ENGINE_FILES:
         raise GraphBreak("GB0013", f"engine internals ({fn.__qualname__})")
     if is_torch_op(fn):
         return call_torch_op(tx, fn, args, kwargs)
@@ -306,6 +307,11 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         return call_class(tx, fnv, args, kwargs)
     if isinstance(fn, torch.nn.Module):
         return call_module(tx, fnv, args, kwargs)
+    if _marked_constant(fn) and all(tx.is_python_constant(a) for a in args) and \
+            all(tx.is_python_constant(v) for v in kwargs.values()):
+        # torch._dynamo.assume_constant_result's marker (transformers' version probes carry it):
+        # called now, its answer is a constant of the graph, as under torch.compile
+        return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
     if isinstance(fn, types.FunctionType):
         return call_python_function(tx, fn, args, kwargs, fnv.source)
     if is_logging_call(fn):
@@ -363,6 +369,15 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
 
 _IMPURE_BUILTINS = {print, input, open, id, exec, eval, compile, globals, locals, vars, dir, help, breakpoint,
                     __import__, exit, quit} if hasattr(builtins, "exit") else {print, input, open}
+
+
+def _marked_constant(fn) -> bool:
+    """The function (or the one an lru_cache wraps) is marked `_dynamo_marked_constant`."""
+    target = fn.__wrapped__ if isinstance(fn, functools._lru_cache_wrapper) else fn
+    try:
+        return getattr(target, "_dynamo_marked_constant", False) is True
+    except Exception:     # an object whose __getattr__ raises something else
+        return False
 
 
 def _hashable(x) -> bool:
@@ -525,13 +540,18 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
 
 
 def make_stateless_module(tx, cls, args, kwargs):
-    """`nn.ReLU()` / `nn.Dropout(p)` built inside forward: one of torch's own modules with
-    constant arguments and no parameters or buffers is made now and called like any module."""
-    if not cls.__module__.startswith("torch.nn.modules") or not all(tx.is_python_constant(a) for a in args) or \
-            not all(tx.is_python_constant(v) for v in kwargs.values()):
+    """`nn.ReLU()` / `nn.Dropout(p)` / transformers' `ACT2FN["silu"]` built inside forward: a
+    module with constant arguments that holds no tensor (no parameters, buffers or tensor
+    attributes) is made now, once, and called like any module: each call would have built an
+    equal one. Anything else is a break."""
+    if not all(tx.is_python_constant(a) for a in args) or not all(tx.is_python_constant(v) for v in kwargs.values()):
         raise GraphBreak("GB0013", f"creating an nn.Module ({cls.__name__}) inside the compiled region")
-    m = cls(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})
-    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+    try:
+        m = cls(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})
+    except Exception as exc:     # what eager would raise, at the user's line
+        raise tx.exception(type(exc), str(exc)) from None
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()) or \
+            any(isinstance(v, torch.Tensor) for v in vars(m).values()):
         raise GraphBreak("GB0013", f"creating an nn.Module with parameters ({cls.__name__}) inside the compiled region")
     return tx.out.builder.wrap_sourceless(m)
 
@@ -1052,6 +1072,12 @@ SPECIAL_FUNCTIONS = {
     torch.is_grad_enabled: torch_is_grad_enabled, torch.is_tensor: torch_is_tensor,
 }
 SPECIAL_FUNCTIONS = {k: v for k, v in SPECIAL_FUNCTIONS.items() if v is not None}
+try:
+    from torch._higher_order_ops.associative_scan import associative_scan as _torch_associative_scan
+    SPECIAL_FUNCTIONS[_torch_associative_scan] = lambda tx, args, kwargs: inline_user_function(
+        tx, scan.associative_scan, args, kwargs, None)
+except ImportError:     # an older torch without it
+    pass
 for _op in (operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv, operator.mod, operator.pow,
             operator.matmul, operator.and_, operator.or_, operator.xor, operator.lshift, operator.rshift, operator.lt,
             operator.le, operator.eq, operator.ne, operator.gt, operator.ge, operator.neg, operator.pos,

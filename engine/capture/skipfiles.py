@@ -25,6 +25,9 @@ import observe
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINE_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(_HERE)), d) + os.sep for d in ("engine", "observe"))
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+# the engine's own Python that the capture traces like user code (stand-ins for torch's
+# higher-order ops: engine/capture/scan.py)
+TRACED_ENGINE_FILES = (os.path.join(_HERE, "scan.py"),)
 TORCH_NN_MODULES = os.path.join(TORCH_DIR, "nn", "modules") + os.sep
 OPTIM_DIR = os.path.join(TORCH_DIR, "optim") + os.sep
 # torch's decorators that wrap user code (`@torch.no_grad()`, `@torch.autocast(...)`): a
