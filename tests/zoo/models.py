@@ -180,6 +180,13 @@ def opt():
     return _tf().OPTForCausalLM(c)
 
 
+def mamba():
+    # a state-space model: its selective scan is torch's associative_scan under compile
+    c = _config("MambaConfig", vocab_size=VOCAB, hidden_size=HIDDEN, state_size=4, num_hidden_layers=2,
+                intermediate_size=FFN, use_cache=False)
+    return _tf().MambaForCausalLM(c)
+
+
 def resnet():
     c = _config("ResNetConfig", num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                 layer_type="basic", num_labels=10)
@@ -255,6 +262,7 @@ ENTRIES: list[Entry] = [
     Entry("OPTForCausalLM", opt, lm_inputs),
     Entry("ResNetForImageClassification", resnet, image_cls_inputs),
     Entry("CLIPModel", clip, clip_inputs),
+    Entry("MambaForCausalLM", mamba, lm_inputs),
     Entry("GPT2LMHeadModel.generate", gpt2, generate_inputs, kind="generate", modes=("infer",)),
     Entry("LlamaForCausalLM.generate", llama, generate_inputs, kind="generate", modes=("infer",)),
     Entry("torchvision.resnet50", torchvision_model("resnet50"), torchvision_inputs, needs="torchvision"),
