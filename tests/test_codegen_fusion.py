@@ -185,3 +185,21 @@ def test_a_transposed_sibling_is_not_fused_into_a_column_sum():
         c = check(lambda a: (a.sum(0), (a.t() * 2).contiguous()), a, rtol=1e-4)
     assert c.n_kernels == 2
     assert any("loop order" in f for f in cap.texts(log="fusion")), cap.texts(log="fusion")
+
+
+def test_a_full_reduction_never_serializes_a_large_sibling_kernel():
+    """GPT-2's loss counts its labels (a sum to one value) from the token ids its embedding
+    also reads: joined into the embedding's kernel, one program walked all 3 million
+    elements (1.8 ms on an H100, for a 10 us kernel). Large kernels keep their outer loop."""
+    ids = torch.randint(0, 100, (64, 128))
+    w = torch.randn(100, 64)
+
+    def f(ids, w):
+        e = (F.embedding(ids, w) + 1).tanh().sigmoid()     # two users, not cheap: realized where computed
+        return e * 2, e - 1, (ids[:, 1:] != 3).sum()
+
+    with Capture(logs=["schedule"]) as cap:
+        check(f, ids, w, rtol=1e-4, atol=1e-5)
+    kernels = [ln for ln in "\n".join(cap.texts(log="schedule")).splitlines() if ": outer " in ln]
+    assert any(": outer [64, 128, 64]" in k and "sum" not in k.split(":")[0] for k in kernels), kernels
+    assert any(": outer []" in k and "sum" in k.split(":")[0] for k in kernels), kernels
