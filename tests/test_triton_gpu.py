@@ -236,8 +236,9 @@ def test_max_autotune_caches_configs_on_disk(tmp_path):
 
 
 def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
-    """A 16-bit matmul with 50257 output columns writes into rows padded to 16 bytes (cuBLAS
-    takes its unaligned kernel otherwise); the results are eager's, with or without a bias."""
+    """A 16-bit matmul with 50257 output columns runs on operands zero-padded to 50264
+    (pad_mm.py; cuBLAS takes its unaligned kernel otherwise); the results are eager's, with
+    or without a bias."""
     from engine_helpers import logs
 
     torch.manual_seed(0)
@@ -251,7 +252,10 @@ def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
         engine.reset()
         with logs("output_code") as code:
             k = check(logits, x, tol=2e-2)
-        assert any(".out(" in c and "50264" in c for c in code), code
+        assert any("constant_pad_nd" in c and "50264" in c and ".out(" not in c for c in code), code
+        engine.reset()
+        raw = engine.compile(lambda x: head(x))(x)     # the padded product itself, returned
+        assert raw.is_contiguous() and raw.view(-1).numel() == raw.numel()   # dense, as eager's
         assert not k.hints or not any("uncompiled" in h for h in k.hints)
 
 

@@ -220,6 +220,7 @@ class AOTCompiled:
         observe.emit("aot_backward_graph", {"title": f"===== Backward graph {gid} =====", **saved_md},
                      payload=lambda: readable(chosen.backward), log="aot_graphs")
         chosen.forward.meta["aot_graph"] = ("forward", gid)
+        chosen.forward.meta["user_outputs"] = len(parts.forward_outputs)   # then what backward saves
         chosen.backward.meta["aot_graph"] = ("backward", gid)
         with observe.stage("aot_compile_forward"):
             compiled_fw = self.config.fw_compiler(chosen.forward, _example_values(chosen.forward))

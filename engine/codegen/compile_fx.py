@@ -24,6 +24,7 @@ from .cache import has_vector_math
 from .cpp import prelude, render_kernel
 from .graph import GraphLowering, Unsupported
 from .ir import ExternKernel, format_node
+from .pad_mm import pad_matmuls
 from .runtime import LayoutMismatch
 from .provenance import kernel_origins
 from .scheduler import FusedKernel, schedule
@@ -78,7 +79,7 @@ def graph_key(gm, example_inputs) -> str:
             meta.append((str(x.dtype), tuple(map(str, x.shape)), tuple(map(str, x.stride()))))
         else:
             meta.append(repr(type(x)))
-    writes = repr(sorted(gm.meta.get("mutated_inputs", {}).items()))   # may be written in place
+    writes = repr((sorted(gm.meta.get("mutated_inputs", {}).items()), gm.meta.get("user_outputs")))
     return hashlib.sha256((gm.code + repr(meta) + writes).encode()).hexdigest()[:16]
 
 
@@ -135,6 +136,8 @@ def output_buffers(g) -> set:
 def lower_and_schedule(gm, example_inputs):
     """Lowering and scheduling, shared by the C++ and Triton emitters: returns the graph's
     cache key, its lowering, its schedule and the pre-fusion IR text."""
+    if pad_matmuls(gm):     # before the key: the padded graph is what gets compiled
+        _hint("16-bit matmuls with a size not a multiple of 8 run on zero-padded operands (pad_mm.py)")
     key = graph_key(gm, example_inputs)
     with observe.stage("lowering"):
         g = GraphLowering(gm, example_inputs).run()

@@ -262,14 +262,12 @@ class CppKernel:
             if v.args and v.args[0].dtype in (torch.bfloat16, torch.float16):
                 A = "float"
             if v.name == "to_dtype":
-                src = v.args[0].dtype
                 if v.dtype == torch.bfloat16:
                     expr = f"bf16_to_float(float_to_bf16(static_cast<float>({args[0]})))"
                 elif v.dtype == torch.float16:
                     expr = f"static_cast<float>(static_cast<_Float16>({args[0]}))"
                 else:
                     expr = f"static_cast<{T}>({args[0]})"
-                del src
             elif v.name == "where":
                 expr = f"({args[0]} ? {args[1]} : {args[2]})"
             elif v.name == "pow":
@@ -406,7 +404,7 @@ class CppKernel:
             lines.append("    " + "  " * k + "}")
         self.locals = {}
         # per output: finish the reductions, then the epilogue phases
-        lines.append(f"    for (int64_t xi = 0; xi < xn; xi++) {{")
+        lines.append("    for (int64_t xi = 0; xi < xn; xi++) {")
         tail = Scope(None, "      ")
         tail.lines.append(f"      const int64_t {x0} = xb + xi;")
         for m, rt, acc, T, nan in accs:

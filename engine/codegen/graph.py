@@ -153,10 +153,14 @@ class GraphLowering:
                 self._realize_shared_bases(outs, LOWERINGS)
                 claimed: dict = {}
                 self.outputs = []
-                for o in outs:
+                user = self.gm.meta.get("user_outputs", len(outs))    # the rest: saved for backward
+                for k, o in enumerate(outs):
                     if isinstance(o, torch.fx.Node):   # an output realized here computes o's chain
                         self.chains[node] = self.chains.get(o, [o.name])
-                    self.outputs.append(self._output(self.env[o] if isinstance(o, torch.fx.Node) else o, o, claimed))
+                    value = self.env[o] if isinstance(o, torch.fx.Node) else o
+                    if k < user and isinstance(value, TensorValue):
+                        value = self._dense_as_eager(value, o)
+                    self.outputs.append(self._output(value, o, claimed))
                 self._find_write_backs()
             else:
                 raise Unsupported(f"fx node kind {node.op}")
@@ -323,6 +327,18 @@ class GraphLowering:
                     self.env[node] = self._call(node, lowerings)
         self.current_node = output_node
 
+    def _dense_as_eager(self, value: TensorValue, node) -> TensorValue:
+        """A result the user gets is dense where eager's is (a padded matmul's logits are a
+        view with gaps between rows here: `logits.view(-1, vocab)` would fail on it)."""
+        view, fake = self.as_strided(value), fake_of(node)
+        if view is None or not isinstance(fake, torch.Tensor) or \
+                not all(isinstance(x, int) for x in (*fake.shape, *fake.stride())) or \
+                not is_dense(fake.shape, fake.stride()):
+            return value
+        if is_dense(view[1].sizes, view[1].strides):
+            return value
+        return self.realize(value, fake, copy=True)
+
     def _find_write_backs(self) -> None:
         """Outputs that are the new values of mutated inputs (the AOT stage marks them in
         gm.meta["mutated_inputs"]), each a whole buffer computed here and returned once, with
@@ -482,7 +498,7 @@ class GraphLowering:
                 if view is None:
                     a = self.realize(a, None)
                     view = self.as_strided(a)
-                if op in _PADDED_MATMULS and _unaligned_operand(view[1]) is not None:
+                if op in _MATMULS and _unaligned_operand(view[1]) is not None:
                     a = self._aligned_operand(view)
                     view = self.as_strided(a)
                 reads.add(view[0])
@@ -527,33 +543,11 @@ class GraphLowering:
         if fake is None:
             raise Unsupported(f"no metadata (node.meta['val']) for {op}")
         result = make_out(fake, ())
-        padded = _padded_matmul_layout(op, outputs)
-        if padded is not None:
-            outputs[0].layout = self.buffer_layouts[outputs[0].name] = padded
-            outputs[0].padded = True
-            result = strided_value(outputs[0].name, padded)
         self.nodes.append(ExternKernel(name, op, args, kwargs, outputs, reads, mutates, origins))
         return result
 
 
-_PADDED_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
-
-
-def _padded_matmul_layout(op, outputs):
-    """A 16-bit CUDA matmul whose output rows are not a multiple of 16 bytes (a vocabulary of
-    50257 or 30522 logits) makes cuBLAS fall back to a kernel for unaligned matrices, several
-    times slower: its result gets rows padded to 16 bytes (written through `out=`), and is
-    read through that stride. None when that does not apply."""
-    if op not in _PADDED_MATMULS or len(outputs) != 1:
-        return None
-    lay = outputs[0].layout
-    if lay.device.type != "cuda" or lay.dtype not in (torch.float16, torch.bfloat16) or len(lay.sizes) != 2:
-        return None
-    m, n = lay.sizes
-    if not (n.is_Integer and m.is_Integer) or int(n) % 8 == 0 or int(n) < 256 or tuple(lay.strides) != (n, 1):
-        return None
-    padded = (int(n) + 7) // 8 * 8
-    return Layout(lay.sizes, (sympy.Integer(padded), sympy.Integer(1)), lay.dtype, lay.device, 0)
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 
 
 def _unaligned_operand(layout):

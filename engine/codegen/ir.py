@@ -112,7 +112,6 @@ class ExternKernel:
 class ExternOutput(Buffer):
     kernel: str = ""
     path: tuple = ()            # where in the op's result this tensor sits
-    padded: bool = False        # allocated by the wrapper with padded rows, written through out=
 
 
 @dataclasses.dataclass

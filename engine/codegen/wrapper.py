@@ -180,10 +180,6 @@ def _extern_call(g, ext: ExternKernel) -> list[str]:
     opname = f"{'aten' if ns == 'aten' else 'prims' if ns == 'prims' else f'torch.ops.{ns}'}.{op._opname}.{op._overloadname}"
     args = [_arg_expr(g, a) for a in ext.args] + [f"{k}={_arg_expr(g, v)}" for k, v in ext.kwargs.items()]
     call = f"{opname}({', '.join(args)})"
-    if len(ext.outputs) == 1 and ext.outputs[0].padded:     # graph.py _padded_matmul_layout
-        o = ext.outputs[0]
-        out_op = opname.rsplit(".", 1)[0] + ".out"
-        return [empty_strided_line(o.name, o.layout), f"{out_op}({', '.join(args)}, out={o.name})"]
     if len(ext.outputs) == 1 and ext.outputs[0].path == ():
         o = ext.outputs[0]
         return [f"{o.name} = ensure_layout({call}, {tup(o.layout.sizes)}, {tup(o.layout.strides)})"]

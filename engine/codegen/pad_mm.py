@@ -1,0 +1,70 @@
+"""A pass over the aten graph before lowering: 16-bit CUDA matmuls whose inner (K) or output
+(N) size is not a multiple of 8 (a vocabulary of 50257 or 30522) are computed on operands
+zero-padded to one, and the result sliced back. cuBLAS takes its unaligned kernels for
+such sizes, several times slower (GPT-2's logits and their gradient: 5 ms of an H100
+training step); the padding copies are pointwise kernels of our own, and the slice is a
+view (the padded rows' memory, as the layout of what reads it).
+
+Zero padding keeps the values exact: padded K terms add 0 * 0, padded N columns are never
+read."""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+_MIN = 256      # smaller matrices are not worth a copy
+
+
+def _pad(n: int) -> int:
+    return (-n) % 8 if n >= _MIN else 0
+
+
+def pad_matmuls(gm: torch.fx.GraphModule) -> int:
+    """Rewrite gm in place; returns how many matmuls it padded."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
+            continue
+        if node.target is aten.addmm.default:
+            if node.kwargs or len(node.args) != 3:       # beta/alpha given: leave it
+                continue
+            bias, a, b = node.args
+        else:
+            bias, (a, b) = None, node.args
+        fa, fb = (x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b))
+        if not all(isinstance(f, torch.Tensor) and f.device.type == "cuda" and f.dtype in (torch.bfloat16, torch.float16)
+                   and f.dim() == 2 and all(isinstance(s, int) for s in f.shape) for f in (fa, fb)):
+            continue
+        k, n = fa.shape[1], fb.shape[1]
+        pk, pn = _pad(k), _pad(n)
+        fbias = bias.meta.get("val") if isinstance(bias, torch.fx.Node) else None
+        if bias is not None and pn and not (isinstance(fbias, torch.Tensor) and tuple(fbias.shape) == (n,)):
+            continue
+        if not (pk or pn):
+            continue
+        g = gm.graph
+        with g.inserting_before(node), fa.fake_mode:
+            def call(target, args, val):
+                new = g.call_function(target, args)
+                new.meta = {**node.meta, "val": val}
+                return new
+            a2 = call(aten.constant_pad_nd.default, (a, [0, pk], 0.0), aten.constant_pad_nd(fa, [0, pk])) if pk else a
+            b2 = call(aten.constant_pad_nd.default, (b, [0, pn, 0, pk], 0.0), aten.constant_pad_nd(fb, [0, pn, 0, pk]))
+            fa2, fb2 = a2.meta["val"] if pk else fa, b2.meta["val"]
+            if bias is None:
+                out = call(aten.mm.default, (a2, b2), aten.mm(fa2, fb2))
+            else:
+                bias2 = call(aten.constant_pad_nd.default, (bias, [0, pn], 0.0),
+                             aten.constant_pad_nd(fbias, [0, pn])) if pn else bias
+                out = call(aten.addmm.default, (bias2, a2, b2), aten.addmm(bias2.meta["val"] if pn else fbias, fa2, fb2))
+            if pn:
+                out = call(aten.slice.Tensor, (out, 1, 0, n), aten.slice(out.meta["val"], 1, 0, n))
+        node.replace_all_uses_with(out)
+        g.erase_node(node)
+        count += 1
+    if count:
+        gm.recompile()
+    return count

@@ -1,0 +1,56 @@
+"""16-bit CUDA matmuls with a size that is not a multiple of 8 (a vocabulary of 50257)
+run on zero-padded operands: the aten graph is rewritten before lowering
+(engine/codegen/pad_mm.py). Checked here on fake CUDA tensors (the rewrite only reads
+metadata) and by running the rewritten graph on the CPU; tests/test_triton_gpu.py runs
+it on a GPU."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from engine.codegen.pad_mm import pad_matmuls
+
+aten = torch.ops.aten
+
+
+def traced(fn, *shapes, dtype=torch.bfloat16, device="cuda"):
+    with FakeTensorMode():
+        args = [torch.empty(s, dtype=dtype, device=device) for s in shapes]
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("fn,shapes,pads", [
+    (torch.mm, [(64, 300), (300, 257)], [[0, 4], [0, 7, 0, 4]]),         # K and N odd
+    (torch.mm, [(64, 256), (256, 50257)], [[0, 7, 0, 0]]),               # N odd: an lm head
+    (torch.mm, [(64, 50257), (50257, 256)], [[0, 7], [0, 0, 0, 7]]),     # K odd: its input gradient
+    (lambda b, a, w: torch.addmm(b, a, w), [(260,), (64, 256), (256, 260)], [[0, 4, 0, 0], [0, 4]]),
+])
+def test_odd_sizes_are_zero_padded_and_sliced_back(fn, shapes, pads):
+    gm = traced(fn, *shapes)
+    assert pad_matmuls(gm) == 1
+    got = [list(n.args[1]) for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    assert sorted(got) == sorted(pads)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    n = shapes[-1][-1]
+    if n % 8:   # the result is the first n columns of the padded product: a view
+        assert out.target is aten.slice.Tensor and tuple(out.args[1:]) == (1, 0, n)
+    # the rewritten graph computes what the original did (run on the CPU, in float32)
+    real = [torch.randn(s) for s in shapes]
+    torch.testing.assert_close(gm(*real), fn(*real), rtol=1e-4, atol=1e-3)   # sums of 50257 terms
+
+
+@pytest.mark.parametrize("shapes,dtype,device", [
+    ([(64, 256), (256, 512)], torch.bfloat16, "cuda"),    # aligned already
+    ([(64, 100), (100, 57)], torch.bfloat16, "cuda"),     # too small to be worth a copy
+    ([(64, 300), (300, 257)], torch.float32, "cuda"),     # fp32: cuBLAS has no such cliff
+    ([(64, 300), (300, 257)], torch.bfloat16, "cpu"),
+])
+def test_other_matmuls_are_left_alone(shapes, dtype, device):
+    gm = traced(torch.mm, *shapes, dtype=dtype, device=device)
+    assert pad_matmuls(gm) == 0
+    assert aten.constant_pad_nd.default not in targets(gm)
