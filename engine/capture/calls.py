@@ -86,8 +86,7 @@ def call_python_function(tx, fn, args, kwargs, source):
         return defer_logging_call(tx, fn, args, kwargs)
     if fn in markers.ALLOWED:
         return call_torch_op(tx, fn, args, kwargs)
-    if fn.__code__.co_filename.startswith(skipfiles.ENGINE_DIRS) and \
-            fn.__code__.co_filename not in skipfiles.TRACED_ENGINE_FILES:
+    if skipfiles.is_engine_file(fn.__code__.co_filename):
         raise GraphBreak("GB0013", f"engine internals ({fn.__qualname__})")
     if is_torch_op(fn):
         return call_torch_op(tx, fn, args, kwargs)

@@ -68,13 +68,18 @@ def stdlib_dirs() -> tuple:
     return _dirs["std"]
 
 
+def is_engine_file(filename: str) -> bool:
+    """The engine's own code, which is never traced (but for TRACED_ENGINE_FILES)."""
+    return filename.startswith(ENGINE_DIRS) and filename not in TRACED_ENGINE_FILES
+
+
 def skip_reason(code, force: bool = False) -> Optional[str]:
     """None when `code` compiles; otherwise why not. `force`: a frame inside torch that
     compiles anyway (an optimizer's inner step, a resume function)."""
     filename = code.co_filename
     if filename.startswith("<"):
         return "the engine's generated code" if filename.startswith("<engine") else None
-    if filename.startswith(ENGINE_DIRS):
+    if is_engine_file(filename):
         return "the engine itself"
     if filename.startswith(TORCH_DIR):
         if force or filename.startswith(TORCH_NN_MODULES) or filename in TORCH_DECORATOR_FILES:
