@@ -324,3 +324,32 @@ def test_a_result_and_its_transpose_stay_one_tensor_and_compile(backend):
     assert per_image.data_ptr() == per_text.data_ptr()
     per_text.zero_()
     assert (per_image == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bf16_batch_norm_updates_its_running_stats_like_eager(backend):
+    """OpInfo `_batch_norm_with_update` in bfloat16: the aten kernel returns the new running
+    stats in bf16 where its meta function says float32, and the inductor backend read that
+    memory as float32 (garbage running stats). An extern result in another dtype than
+    traced is converted."""
+    def f(x, w, b, mean, var):
+        return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.5, 0.6)[0] * 2
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(*s, generator=g).bfloat16() for s in ((5, 5, 5), (5,), (5,), (5,))] + \
+            [torch.rand(5, generator=g).bfloat16()]
+
+    run(f, inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
+def test_isinf_and_isnan_of_integers_are_false(backend, dtype):
+    """OpInfo sweep, int64 and bool: the inductor backend's isinf compared the integer with
+    infinity cast to an integer, so isinf(0) was True."""
+    def inputs():
+        t = torch.tensor([3, -2, 0, -1, 5, 1])
+        return (t.to(dtype) if dtype is not torch.float32 else torch.tensor([0.0, float("inf"), -float("inf"), -1.0]),)
+
+    run(lambda t: (torch.isinf(t), torch.isnan(t), torch.isinf(t * 2)), inputs, backend)

@@ -212,8 +212,22 @@ for _name in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "
               "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
               "sigmoid", "reciprocal", "lgamma"):
     register(getattr(aten, _name).default)(unary(_name, float_only=True))
-for _name in ("isnan", "isinf", "signbit"):
-    register(getattr(aten, _name).default)(unary(_name, bool_out=True))
+register(aten.signbit.default)(unary("signbit", bool_out=True))
+
+
+def _false_for_integers(lowering):
+    """isnan / isinf of an integer or bool tensor: False everywhere (the float test on an
+    integer compared it with infinity cast to an integer: isinf(0) came out True)."""
+    def lower(g, a):
+        if a.dtype.is_floating_point or a.dtype.is_complex:
+            return lowering(g, a)
+        sizes, dtype, device = out_meta(g)
+        return pointwise(sizes, dtype, device, lambda idx: V.const(False, torch.bool))
+    return lower
+
+
+for _name in ("isnan", "isinf"):
+    register(getattr(aten, _name).default)(_false_for_integers(unary(_name, bool_out=True)))
 
 
 @register(aten.gelu.default)

@@ -14,13 +14,17 @@ def kernel(lib: ctypes.CDLL, name: str, n_ptrs: int, n_syms: int):
     return fn
 
 
-def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
-    """An extern kernel's result with the strides our kernels were generated for (aten
-    may choose others at run time: then we copy, never read with the wrong strides)."""
+def ensure_layout(t: torch.Tensor, size: tuple, stride: tuple, dtype: torch.dtype = None) -> torch.Tensor:
+    """An extern kernel's result with the strides and dtype our kernels were generated for
+    (aten may choose other strides at run time, and a few kernels return another dtype than
+    their meta function says: bf16 batch norm's running stats): then we copy, never read
+    memory as what it is not."""
     if t is None:   # an optional output aten skipped at run time (attention's logsumexp, ...)
         return None
     if tuple(t.shape) != tuple(size):
         raise RuntimeError(f"extern kernel returned shape {tuple(t.shape)}, expected {tuple(size)}")
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
     if all(a == b for a, b, n in zip(t.stride(), stride, size) if n > 1):
         return t
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)

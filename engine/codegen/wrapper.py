@@ -182,7 +182,7 @@ def _extern_call(g, ext: ExternKernel) -> list[str]:
     call = f"{opname}({', '.join(args)})"
     if len(ext.outputs) == 1 and ext.outputs[0].path == ():
         o = ext.outputs[0]
-        return [f"{o.name} = ensure_layout({call}, {tup(o.layout.sizes)}, {tup(o.layout.strides)})"]
+        return [f"{o.name} = ensure_layout({call}, {tup(o.layout.sizes)}, {tup(o.layout.strides)}, {o.layout.dtype})"]
     lines = [f"{ext.name} = {call}"]
     if _dense_foreach(ext):
         # one unpacking for the whole list: an optimizer step's foreach ops return hundreds of tensors
@@ -190,7 +190,8 @@ def _extern_call(g, ext: ExternKernel) -> list[str]:
         return lines
     for o in ext.outputs:
         sub = "".join(f"[{p}]" for p in o.path)
-        lines.append(f"{o.name} = ensure_layout({ext.name}{sub}, {tup(o.layout.sizes)}, {tup(o.layout.strides)})")
+        lines.append(f"{o.name} = ensure_layout({ext.name}{sub}, {tup(o.layout.sizes)}, {tup(o.layout.strides)}, "
+                     f"{o.layout.dtype})")
     return lines
 
 
