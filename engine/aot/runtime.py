@@ -120,12 +120,17 @@ class TrainingEntry:
                 ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
                 ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
                 if nondiff:
-                    # A tensor that is also a differentiable output (a compiler may return one
-                    # buffer for `w` and `w.detach()`) stays differentiable: the epilogue
-                    # detaches the output that must not require grad.
+                    # A tensor that is also a differentiable output (the graph returns one
+                    # buffer for `t` and `t.detach()`) stays differentiable, and its
+                    # non-differentiable slot gets an object of its own: autograd ties a
+                    # tensor returned twice to its last slot, whose gradient is dropped (t's
+                    # gradient was lost when `t` and `t.detach()` both crossed a graph break).
                     diff = {id(fw_outs[k]) for k, m in enumerate(mask) if m}
-                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)
-                                                  and id(fw_outs[k]) not in diff])
+                    fw_outs = list(fw_outs)
+                    for k in nondiff:
+                        if isinstance(fw_outs[k], torch.Tensor) and id(fw_outs[k]) in diff:
+                            fw_outs[k] = fw_outs[k].detach()
+                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)])
                 return tuple(fw_outs)
 
             @staticmethod
