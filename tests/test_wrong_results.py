@@ -372,3 +372,25 @@ def test_a_tensor_and_its_detach_crossing_a_break_keep_the_gradient(backend):
         return leaf.grad
 
     torch.testing.assert_close(grad_of(engine.compile(f, backend=backend)), grad_of(f))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_that_views_an_intermediate_can_be_modified_in_place(backend):
+    """Fuzzer seed 70335: `lin(v)` on a 1-D v is a view of the matmul in the graph; returned
+    from the compiled autograd.Function as it was, autograd refused the user's in-place
+    update after a break ("Output 0 of CompiledFunction is a view and is being modified
+    inplace"), which eager allows."""
+    lin = torch.nn.Linear(7, 7)
+
+    def f(v, y):
+        t1 = lin(v)
+        t3 = t1.squeeze()
+        engine.graph_break()
+        t1.mul_(2.0)
+        return t3 + y
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(7, generator=g), torch.randn(7, generator=g)
+
+    run(f, inputs, backend)

@@ -116,6 +116,11 @@ class TrainingEntry:
                 ctx.set_materialize_grads(False)   # which outputs got no gradient: see _backward
                 outs = compiled_fw(*args)
                 fw_outs, saved = outs[:num_forward_outputs], outs[num_forward_outputs:]
+                # An output that is a view of an intermediate (linear on a 1-D input: a squeeze
+                # of the matmul) would be a view output of a Function that returns several,
+                # which autograd forbids to modify in place; eager's is an ordinary tensor.
+                # Its detached alias has the same memory and is not a view.
+                fw_outs = [o.detach() if isinstance(o, torch.Tensor) and o._is_view() else o for o in fw_outs]
                 is_tensor = [isinstance(s, torch.Tensor) for s in saved]
                 ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
                 ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
