@@ -50,6 +50,9 @@ cpp_extra_flags: list = os.environ.get("ENGINE_CPP_FLAGS", "").split()
 # from its codegen on, others on their first call): in this many worker processes (0: on
 # threads, where Triton's front end holds the GIL).
 triton_precompile: bool = os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0"
+# Launch runs of independent pointwise kernels (an optimizer step's per-parameter updates)
+# as one combo kernel each (engine/codegen/triton/combo.py).
+combo_kernels: bool = os.environ.get("ENGINE_COMBO_KERNELS", "1") != "0"
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
 
 

@@ -227,3 +227,49 @@ def test_data_dependent_reads_of_a_computed_value_name_one_buffer(read):
     names = {n.name for n in bufs} | {b.name for b in g.inputs if b is not None}
     assert set().union(*first) <= names
     check(fn, x, t)
+
+
+def test_a_loss_reads_one_logit_a_row_and_never_writes_the_log_softmax():
+    """cross_entropy = -log_softmax(x).gather(1, t): the gather reads x where t points and
+    computes the log-softmax there, so the [tokens, vocabulary] matrix is never written."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from engine.codegen import decomposition_table
+    from engine.codegen.graph import GraphLowering
+    from engine.codegen.ir import ComputedBuffer
+
+    x, t = torch.randn(5, 7), torch.tensor([0, 6, 3, -100, 2])
+    for fn in (lambda x, t: F.cross_entropy(x, t), lambda x, t: F.cross_entropy(x, t, reduction="none"),
+               lambda x, t: torch.gather(x.log_softmax(-1), 1, t.clamp(min=0)[:, None])):
+        check(fn, x, t)
+        gm = make_fx(fn, decomposition_table=decomposition_table())(x, t)
+        g = GraphLowering(gm, [x, t]).run()
+        assert not [n.name for n in g.nodes if isinstance(n, ComputedBuffer) and list(n.data.ranges) == [5, 7]]
+
+
+def test_scatter_of_one_element_a_row_is_a_pointwise_select():
+    """The one-hot of a loss's backward (`zeros.scatter(1, t[:, None], -1.0)`) is computed
+    where it is read; other scatters stay aten calls. Both give eager's result."""
+    x = torch.randn(5, 7)
+    t = torch.tensor([[0], [6], [3], [3], [2]])
+    src = torch.randn(5, 1)
+    c = check(lambda x, t, s: [torch.zeros(5, 7).scatter(1, t, -1.0) * x, x.scatter(1, t, s),
+                               x.t().scatter(0, t.t(), 2.5)], x, t, src)
+    assert c.n_externs == 0, c.extern_ops
+    two = torch.tensor([[0, 1], [6, 5], [3, 3], [3, 0], [2, 6]])
+    part = torch.tensor([[1], [2]])            # covers only the first two rows
+    c = check(lambda x, i, p: [x.scatter(1, i, 1.5), x.scatter(1, p, -2.0)], x, two, part)
+    assert c.n_externs == 2, c.extern_ops
+
+
+def test_a_computed_operand_eager_passes_transposed_is_written_in_memory_order():
+    """`h.t() @ g` with h computed (a weight gradient): h's kernel writes h row by row and
+    the matmul receives the transposed view, as eager's; written in the transpose's order,
+    every store of that kernel was strided (a GPT-2 backward's GELU: 6x slower on H100)."""
+    a, b = torch.randn(8, 4), torch.randn(8, 3)
+    c = check(lambda a, b: a.sin().t() @ b, a, b)
+    code = c.artifacts["output_code.py"]
+    mm = next(ln for ln in code.splitlines() if "aten.mm" in ln)
+    assert "as_strided" in mm and "(4, 8), (1, 4)" in mm, mm
+    kernels = c.artifacts["ir_post_fusion.txt"]
+    assert "outer=[8, 4]" in kernels or "outer=[32]" in kernels, kernels

@@ -374,6 +374,44 @@ def test_cuda_launch_passes_the_compiled_signature():
         CudaKernel(KernelBinary.of(floats), 6, 0, load_binary)
 
 
+def test_a_repeated_launch_fills_the_slots_and_launches_at_the_planned_grid(monkeypatch):
+    # the Launcher's fast path (no GPU here: libcuda and the device queries are stand-ins)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton import cuda_launch
+
+    compiled = triton.compile(ASTSource(_axpy, {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32",
+                                                "stride": "constexpr", "alpha": "i64", "BLOCK": "constexpr"},
+                                        {"stride": 1, "BLOCK": 128}),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    kernel = cuda_launch.CudaKernel(cuda_launch.KernelBinary.of(compiled), 6, 0,
+                                    lambda *a: (None, 0xF00, 16, 0, 1024))
+    launches, device, hooks = [], [0], []
+    monkeypatch.setattr(cuda_launch, "_libcuda", [(lambda *a: launches.append(
+        (a[:9], [s.value for s in kernel.slots])) or 0, None)])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0x57 + d, raising=False)
+
+    class Counter:
+        hits = 0
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    repeat = kernel.repeater((3,), (x, y, out, 8, 1, -3), (True, True, True, (False, False, True), (True, False, True),
+                                                           (False, False, True)), 0, lambda: bool(hooks), Counter)
+    x2 = torch.randn(64)
+    assert repeat(x2, y, out, 8, 1)                        # the last argument (xnumel) is the plan's
+    assert launches == [((0xF00, 3, 1, 1, 64, 1, 1, kernel.shared, 0x57),
+                         [x2.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3])] and Counter.hits == 1
+    assert not repeat(x2[1:], y, out, 8, 1)                # not 16-byte aligned: another binary
+    assert not repeat(x2, y, out, 9, 1)                    # another integer
+    device[0] = 1
+    assert not repeat(x2, y, out, 8, 1)                    # another device
+    device[0] = 0
+    hooks.append(print)
+    assert not repeat(x2, y, out, 8, 1)                    # a profiler's launch hook: Triton's path
+    assert len(launches) == 1
+
+
 _SCALE_KERNEL = """
 @triton.jit
 def scale(x, out, n, BLOCK: tl.constexpr):
@@ -463,3 +501,74 @@ def test_gathers_embedding_index_select_and_gather_load_indirectly():
 
     ids, idx = torch.randint(0, 100, (3, 8)), torch.tensor([0, 5, 2])
     check(f, ids, idx, rtol=1e-4, atol=1e-4, runs=[(torch.randint(0, 100, (3, 8)), torch.tensor([7, 7, 1]))])
+
+
+# -- combo kernels: independent pointwise kernels launched as one ---------------------------
+def test_an_optimizer_step_launches_its_per_parameter_kernels_as_one_combo_kernel():
+    import engine
+    from engine_helpers import logs
+
+    def params():
+        torch.manual_seed(0)
+        return [torch.randn(6, 5, requires_grad=True), torch.randn(7, requires_grad=True),
+                torch.randn(3, 4, 2, requires_grad=True), torch.randn(300, requires_grad=True)]
+
+    ref, mine = params(), params()
+    eager_opt = torch.optim.SGD(ref, lr=1e-2, momentum=0.9, nesterov=True, foreach=True)
+    opt = torch.optim.SGD(mine, lr=1e-2, momentum=0.9, nesterov=True, foreach=True)
+    engine.reset()
+    try:
+        step = engine.compile(opt.step, backend="inductor")
+        with logs("output_code") as code, logs("fusion") as fusion:
+            for _ in range(3):
+                for a, b in zip(ref, mine):
+                    a.grad = torch.randn_like(a)
+                    b.grad = a.grad.clone()
+                eager_opt.step()
+                step()
+    finally:
+        engine.reset()
+    for a, b in zip(ref, mine):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(opt.state[b]["momentum_buffer"], eager_opt.state[a]["momentum_buffer"])
+    code, fusion = "\n".join(code), "\n".join(fusion)
+    # the first step (momentum buffers created) and the later ones: each one launch of 4 members
+    assert fusion.count("launch as one kernel") == 2, fusion
+    calls = [ln.strip() for ln in code.splitlines() if ln.strip().startswith(("combo", "kernel")) and "(arg" in ln]
+    assert len(calls) == 2 and all(c.startswith("combo") for c in calls), calls
+
+
+def _stand_in(name, read, written, kind="pointwise"):
+    import sympy
+    from types import SimpleNamespace
+    src = f"@triton.jit\ndef {name}(xnumel, XBLOCK: tl.constexpr):\n    xindex = tl.program_id(0)\n"
+    return SimpleNamespace(name=name, kind=kind, split_slots=0, symbols=[], xnumel=sympy.Integer(64), source=src,
+                           read=set(read), written=set(written), buffers=sorted(set(read) | set(written)))
+
+
+def test_combo_plan_keeps_kernels_apart_that_depend_on_each_other():
+    from types import SimpleNamespace
+
+    from engine.codegen.triton import combo
+
+    def groups(kernels, reuse=None, between=()):
+        steps = [SimpleNamespace(name=k.name) for k in kernels]
+        for i in between:
+            steps.insert(i, SimpleNamespace(name="extern"))
+        return [[steps[i].name for i in g] for g in combo.plan(steps, {k.name: k for k in kernels}, reuse or {})]
+
+    a = _stand_in("k0", ["x"], ["buf0"])
+    b = _stand_in("k1", ["y"], ["buf1"])
+    assert groups([a, b]) == [["k0", "k1"]]
+    # k1 reads what k0 writes: blocks of one launch run in any order
+    assert groups([a, _stand_in("k1", ["buf0"], ["buf1"])]) == []
+    # both write one buffer; or k1's output takes the memory of k0's input (freed after k0)
+    assert groups([a, _stand_in("k1", ["y"], ["buf0"])]) == []
+    assert groups([a, _stand_in("k1", ["y"], ["buf1"])], reuse={"buf1": "x"}) == []
+    # an extern between them, or a reduction, breaks the run
+    assert groups([a, b], between=[1]) == []
+    assert groups([a, _stand_in("k1", ["y"], ["buf1"], kind="reduction")]) == []
+    # a third kernel that depends on the first starts a new combo
+    c = _stand_in("k2", ["buf0"], ["buf2"])
+    d = _stand_in("k3", ["z"], ["buf3"])
+    assert groups([a, b, c, d]) == [["k0", "k1"], ["k2", "k3"]]

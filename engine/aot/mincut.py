@@ -29,6 +29,7 @@ _CHEAP_PACKETS = {
     "full", "zeros", "ones", "scalar_tensor", "arange", "_to_copy", "clone", "expand", "empty",
     "lift_fresh_copy", "new_zeros", "new_ones", "new_full", "zeros_like", "ones_like", "full_like",
     "empty_like", "fill", "_unsafe_view", "view", "reshape",
+    "scatter",   # one element a row into a tensor: a loss's one-hot target, [tokens, vocabulary]
 }
 
 

@@ -396,7 +396,11 @@ class GraphLowering:
                 return Layout(sizes, strides, dtype, device, 0)
         return Layout(sizes, tuple(contiguous_strides(sizes)), dtype, device, 0)
 
-    def realize(self, tv: TensorValue, fake=None, copy: bool = False) -> TensorValue:
+    def realize(self, tv: TensorValue, fake=None, copy: bool = False, memory_order: bool = False) -> TensorValue:
+        """tv in a buffer of its own, dense, with fake's strides where they are dense.
+        memory_order: the kernel walks the buffer in memory order, not in tv's dim order (an
+        operand eager passes transposed, `h.t()` into a matmul, is written and read
+        coalesced; the extern receives the transposed view)."""
         if self.as_strided(tv) is not None and not copy:
             return tv
         fake = fake if fake is not None else fake_of(self.current_node)
@@ -404,10 +408,21 @@ class GraphLowering:
         name = self.new_name()
         cdt = V.compute_dtype(tv.dtype)
         loader = tv.loader
-        buf = ComputedBuffer(name, layout, Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)),
-                             origins=self._origins(tv))
-        self.nodes.append(buf)
-        self.buffer_layouts[name] = layout
+        order = sorted(range(len(layout.sizes)), key=lambda d: -int(layout.strides[d])) \
+            if memory_order and all(isinstance(s, sympy.Integer) for s in layout.strides) else None
+        if order is None or order == sorted(order):
+            data, stored = Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)), layout
+        else:
+            def in_dim_order(idx):
+                out = [None] * len(idx)
+                for k, d in enumerate(order):
+                    out[d] = idx[k]
+                return out
+            sizes = tuple(layout.sizes[d] for d in order)
+            stored = Layout(sizes, tuple(contiguous_strides(sizes)), layout.dtype, layout.device, 0)
+            data = Pointwise(list(sizes), lambda idx: V.cast(loader(in_dim_order(idx)), cdt))
+        self.nodes.append(ComputedBuffer(name, stored, data, origins=self._origins(tv)))
+        self.buffer_layouts[name] = stored
         return strided_value(name, layout)
 
     def add_buffer(self, buf: ComputedBuffer) -> TensorValue:
@@ -493,10 +508,10 @@ class GraphLowering:
                 view = self.as_strided(a)
                 fake = expected.get(id(a))
                 if view is not None and fake is not None and not _same_strides(view[1], fake):
-                    a = self.realize(a, fake, copy=True)
+                    a = self.realize(a, fake, copy=True, memory_order=True)
                     view = self.as_strided(a)
                 if view is None:
-                    a = self.realize(a, None)
+                    a = self.realize(a, fake, memory_order=True)
                     view = self.as_strided(a)
                 if op in _MATMULS and _unaligned_operand(view[1]) is not None:
                     a = self._aligned_operand(view)

@@ -857,6 +857,21 @@ def index_select(g, x, dim, index):
     return pointwise(sizes, dtype, device, fn)
 
 
+def _computed_at(x: TensorValue, dim: int, idx, pos: V.Value, cdt):
+    """x (not in memory: a pointwise value) computed where dim takes the data-dependent
+    value pos, its loads made indirect; None when x's loader cannot be read that way. A
+    loss's `log_softmax(logits).gather(1, target)` then reads one logit a row, where
+    realizing the log-softmax would write and read the whole [tokens, vocabulary] matrix."""
+    s = index_var(f"at{dim}", x.sizes[dim])
+    v = x.loader(list(idx[:dim]) + [s] + list(idx[dim + 1:]))
+    size = V.index_value(x.sizes[dim])
+    pos = V.cast(pos, torch.int64)
+    wrapped = V.op("where", V.op("lt", pos, V.const(0, torch.int64), dtype=torch.bool),
+                   V.op("add", pos, size, dtype=torch.int64), pos, dtype=torch.int64)
+    out = V.through_index(v, s, wrapped)
+    return None if out is None else V.cast(out, cdt)
+
+
 @register(aten.gather.default)
 def gather(g, x, dim, index, sparse_grad=False):
     sizes, dtype, device = out_meta(g)
@@ -864,10 +879,36 @@ def gather(g, x, dim, index, sparse_grad=False):
     if len(x.sizes) == 0:
         return NotImplemented
     dim = dim % len(x.sizes)
+    probe = [index_var(f"probe{d}", s) for d, s in enumerate(sizes)]
+    if g.as_strided(x) is None and _computed_at(x, dim, probe, V.const(0, torch.int64), cdt) is not None:
+        def fn(idx):
+            return _computed_at(x, dim, idx, index.loader(list(idx)), cdt)
+        return pointwise(sizes, dtype, device, fn)
     x = _in_memory(g, x)
 
     def fn(idx):
         return _indirect(g, x, {dim: index.loader(list(idx))}, list(idx[:dim]) + [None] + list(idx[dim + 1:]), cdt)
+    return pointwise(sizes, dtype, device, fn)
+
+
+@register(aten.scatter.value, aten.scatter.src)
+def scatter(g, x, dim, index, src):
+    """One element a row along dim (index's size there is 1, elsewhere x's): a pointwise
+    select, `where(i == index, src, x)`; the one-hot of a loss's backward then fuses into
+    the kernel that reads it instead of being written whole."""
+    sizes, dtype, device = out_meta(g)
+    cdt = V.compute_dtype(dtype)
+    dim = dim % max(1, len(sizes))
+    if (len(sizes) == 0 or len(index.sizes) != len(sizes) or index.sizes[dim] != 1
+            or any(index.sizes[d] != sizes[d] for d in range(len(sizes)) if d != dim)
+            or isinstance(src, TensorValue) and tuple(src.sizes) != tuple(index.sizes)):
+        return NotImplemented
+
+    def fn(idx):
+        at = list(idx[:dim]) + [sympy.Integer(0)] + list(idx[dim + 1:])
+        hit = V.op("eq", V.index_value(idx[dim]), V.cast(index.loader(at), torch.int64), dtype=torch.bool)
+        new = V.cast(src.loader(at), cdt) if isinstance(src, TensorValue) else V.const(src, cdt)
+        return V.op("where", hit, new, V.cast(x.loader(list(idx)), cdt), dtype=cdt)
     return pointwise(sizes, dtype, device, fn)
 
 

@@ -139,6 +139,33 @@ def subs(v: Value, mapping: dict, memo=None) -> Value:
     return out
 
 
+def through_index(v: Value, sym, value: Value, memo=None):
+    """v with the index symbol `sym` taking a computed value (a gather's index): each load
+    whose index uses sym becomes an indirect load bound to `value`. None where sym is used
+    another way (inside an indirect load, or in an index value other than sym itself)."""
+    memo = {} if memo is None else memo
+    if id(v) in memo:
+        return memo[id(v)]
+    out = v
+    if v.kind == "load":
+        if sym in getattr(v.extra, "free_symbols", ()):
+            out = iload(v.name, v.extra, ((sym, value),), v.dtype)
+    elif v.kind == "index":
+        if sym in getattr(v.extra, "free_symbols", ()):
+            out = cast(value, v.dtype) if v.extra == sym else None
+    elif v.kind == "iload":
+        if sym in v.extra[0].free_symbols or any(through_index(a, sym, value, memo) is not a for a in v.args):
+            out = None
+    elif v.args:
+        args = [through_index(a, sym, value, memo) for a in v.args]
+        if any(a is None for a in args):
+            out = None
+        elif any(a is not b for a, b in zip(args, v.args)):
+            out = _make(v.kind, v.name, tuple(args), v.dtype, v.extra)
+    memo[id(v)] = out
+    return out
+
+
 def walk(v: Value, seen=None):
     """Every value reachable from v, each once, children first."""
     seen = set() if seen is None else seen

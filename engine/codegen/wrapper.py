@@ -83,12 +83,14 @@ def empty_strided_line(name: str, layout) -> str:
             f"device='{layout.device}')")
 
 
-def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bool = True) -> list[str]:
+def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bool = True,
+              launched_at: dict | None = None) -> list[str]:
     """The body of a wrapper's call(args), shared by the C++ and Triton wrappers: unpack the
     arguments, bind the size symbols, check the inputs, then each step of the schedule with
     its buffers allocated (or reused) before and freed after. kernel_call(step, resolve) and
     step_call(extern) give a step's lines; run=False (Triton's precompile pass) frees
-    nothing and returns nothing."""
+    nothing and returns nothing. launched_at: step index -> the later step whose lines
+    launch it (a combo kernel's members): what it frees waits until then."""
     body: list[str] = []
     tensor_inputs = [b for b in g.inputs if b is not None and b.const_name is None]
     names = [f"arg{i}" for i in range(len(g.example_inputs))]
@@ -108,6 +110,7 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
                         f"{b.name in g.mutated_inputs})")
     reused = set(sched.reuse.values())
     live_name: dict = {}
+    pending: dict = {}
 
     def resolve(b):
         while b in live_name:
@@ -130,7 +133,8 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
             body.extend(kernel_call(step, resolve))
         else:
             body.extend(step_call(step))
-        for n in sched.frees.get(i, []):
+        pending.setdefault((launched_at or {}).get(i, i), []).extend(sched.frees.get(i, []))
+        for n in pending.pop(i, []):
             if n not in reused and run:
                 body.append(f"del {n}")
     if run:

@@ -97,6 +97,49 @@ class CudaKernel:
         _module, self.function, *_ = load_binary(kb.name, kb.binary, self.shared, device)
         self._plan = list(zip(self.positions, self.slots))
 
+    def repeater(self, grid, args, spec, device: int, hooked, counter):
+        """A function f(*args[:-1]) -> bool that launches this kernel again as the launch with
+        `args` did (its last argument, the size xnumel, taken as it was), without looking
+        anything up: one generated line per argument (a tensor's address into its slot),
+        then the launch. False (nothing launched) when an argument specializes otherwise (an
+        address not 16-byte aligned where it was, another integer), the device changed or a
+        launch hook is on. The wrapper calls it first where a kernel's sizes are static."""
+        import torch
+        get_device = getattr(torch._C, "_cuda_getDevice", None)
+        get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
+        if get_device is None or get_stream is None or gx * gy == 0:
+            return None
+        slots = dict(self._plan)
+        ns = {"get_device": get_device, "get_stream": get_stream, "hooked": hooked, "counter": counter,
+              "launch": _cuda()[0], "error": self._raise, "FN": self.function, "PARAMS": self.params}
+        last = len(args) - 1
+        lines = [f"def repeat({', '.join(f'a{i}' for i in range(last))}):"]
+        for i, a in enumerate(args):
+            if i in slots:
+                ns[f"S{i}"] = slots[i]
+            if isinstance(a, int):
+                if i != last:
+                    lines.append(f"    if a{i} != {a}: return False")
+                if i in slots:
+                    lines.append(f"    S{i}.value = {a}")
+            else:
+                lines.append(f"    p = a{i}.data_ptr()")
+                if spec[i]:
+                    lines.append("    if p & 15: return False")
+                lines.append(f"    S{i}.value = p")
+        lines += [f"    if get_device() != {int(device)} or hooked(): return False",
+                  f"    code = launch(FN, {gx}, {gy}, 1, {self.block}, 1, 1, {self.shared}, get_stream({int(device)}), "
+                  "PARAMS, None)",
+                  "    if code: error(code)",
+                  "    counter.hits += 1",
+                  "    return True"]
+        exec(compile("\n".join(lines), f"<launch {self.name}>", "exec"), ns)
+        return ns["repeat"]
+
+    def _raise(self, code: int):
+        raise RuntimeError(f"launching Triton kernel {self.name}: CUDA error {code}: {_error(code)}")
+
     def fill(self, values) -> None:
         """Write the launch's argument values into the parameter slots."""
         for i, slot in self._plan:
@@ -109,4 +152,4 @@ class CudaKernel:
             return
         code = _cuda()[0](self.function, gx, gy, 1, self.block, 1, 1, self.shared, stream, self.params, None)
         if code:
-            raise RuntimeError(f"launching Triton kernel {self.name}: CUDA error {code}: {_error(code)}")
+            self._raise(code)

@@ -208,18 +208,6 @@ class DirectLaunch:
         self.hits += 1
         return kernel, spec, device
 
-    def relaunch(self, plan, args) -> bool:
-        """A launch like the last one of a Launcher at these sizes (`plan`: its kernel, grid,
-        specialization and device), without looking anything up; False when the arguments
-        specialize differently (a pointer's alignment), the device changed or a hook is on."""
-        kernel, grid, spec, device = plan
-        s, values = self.bind(args)
-        if s != spec or self._hooked() or self.driver.get_current_device() != device:
-            return False
-        kernel(grid, self.driver.get_current_stream(device), values)
-        self.hits += 1
-        return True
-
     def compile_in(self, workers, fn, args, kw, cfg):
         """Start compiling, in a worker process, the binary a launch of fn with these
         arguments will load; returns the Future, or None when the arguments or this Triton
@@ -284,26 +272,34 @@ class DirectLaunch:
             return None
 
 
+def _not_yet(*args) -> bool:
+    return False
+
+
 class Launcher:
     """kernel(*tensors_and_sizes, xnumel=..., rnumel=...): launches with the config for
     these sizes, chosen once per (xnumel, rnumel)."""
 
     def __init__(self, fn, name: str, kind: str, persistent: bool, x_contiguous: bool, autotune: bool,
-                 interpret: bool, inplace_args: tuple, source_hash: str, split_fn=None, split_slots: int = 0):
+                 interpret: bool, inplace_args: tuple, source_hash: str, split_fn=None, split_slots: int = 0,
+                 fixed: Config | None = None):
         self.fn = fn
+        self.fixed = fixed                     # a combo kernel's config: its source assumes this XBLOCK
         self.split_fn = split_fn               # a split reduction's first kernel (partials)
         self.split_slots = split_slots         # fp32 partials per row and split
         self.name = name
         self.kind = kind
         self.persistent = persistent
         self.x_contiguous = x_contiguous
-        self.autotune = autotune and not interpret
+        self.autotune = autotune and not interpret and fixed is None
         self.interpret = interpret
         self.inplace_args = inplace_args       # positions of tensors read and written
         self.source_hash = source_hash
         self.configs: dict = {}
         self.direct = None if interpret else DirectLaunch.create()
-        self.plans: dict = {}                  # (xnumel, rnumel) -> the last direct launch, repeated as is
+        self.plans: dict = {}                  # (xnumel, rnumel) -> the last direct launch's repeater
+        # the wrapper's first try where the sizes are static: `k.fast(a, b) or k(a, b, xnumel=n)`
+        self.fast = _not_yet
 
     def shape(self, xnumel: int, rnumel: int, args=()) -> Shape:
         split = bool(self.split_slots)
@@ -313,7 +309,7 @@ class Launcher:
 
     def config_for(self, args, xnumel, rnumel) -> Config:
         k = (xnumel, rnumel)
-        cfg = self.configs.get(k)
+        cfg = self.configs.get(k) or self.fixed
         if cfg is None:
             s = self.shape(xnumel, rnumel, args)
             cfg = self._tuned(s, args) if self.autotune else heuristic(s)
@@ -324,8 +320,8 @@ class Launcher:
     def __call__(self, *args, xnumel, rnumel=1):
         if xnumel == 0 or rnumel == 0 and self.kind == "pointwise":
             return
-        plan = self.plans.get((xnumel, rnumel))
-        if plan is not None and self.direct.relaunch(plan, (*args, xnumel)):
+        repeat = self.plans.get((xnumel, rnumel))
+        if repeat is not None and repeat(*args):
             return
         cfg = self.config_for(args, xnumel, rnumel)
         self._launch(cfg, args, xnumel, rnumel)
@@ -371,7 +367,9 @@ class Launcher:
                 fn[grid](*a, **kw)
             elif not self.split_slots and not self.autotune:   # one kernel: the next call repeats it
                 kernel, spec, device = done
-                self.plans[(xnumel, rnumel)] = (kernel, grid, spec, device)
+                repeat = kernel.repeater(grid, a, spec, device, self.direct._hooked, self.direct)
+                if repeat is not None:
+                    self.plans[(xnumel, rnumel)] = self.fast = repeat
 
     # -- max-autotune ------------------------------------------------------------------
     def _cache_path(self, s: Shape) -> str:
