@@ -252,7 +252,10 @@ def _key_difference(old: tuple, new: tuple) -> str:
         if a == b:
             continue
         if isinstance(a, TensorSpec) and isinstance(b, TensorSpec):
-            fields = [f"{f} {getattr(a, f)} -> {getattr(b, f)}" for f in TensorSpec._fields if getattr(a, f) != getattr(b, f)]
+            def show(v):
+                return tuple(v) if isinstance(v, torch.Size) else v
+            fields = [f"{f} {show(getattr(a, f))} -> {show(getattr(b, f))}" for f in TensorSpec._fields
+                      if getattr(a, f) != getattr(b, f)]
             diffs.append(f"input {i}: " + ", ".join(fields))
         else:
             diffs.append(f"input {i}: {a} -> {b}")

@@ -112,21 +112,19 @@ def spec_of(x: Any) -> Any:
 
 def call_key(args: list[Any]) -> tuple:
     """(spec_of each input, for each the index of the first input sharing its storage) in one
-    pass: computed on every call of a
-    compiled graph (an optimizer step has hundreds of inputs), so plain tensors take a path
-    without Python-level helpers; a storage is known by its base address."""
+    pass: computed on every call of a compiled graph (an optimizer step has hundreds of
+    inputs), so plain tensors take a path without Python-level helpers (a TensorSpec made
+    with tuple.__new__, torch.Size as the shape); a storage is known by its base address."""
     specs, aliases, seen = [], [], {}
+    new, plain, param = tuple.__new__, torch.Tensor, torch.nn.Parameter
     for i, a in enumerate(args):
         t = type(a)
-        if t is torch.Tensor or t is torch.nn.Parameter:
-            off = a.storage_offset()
-            specs.append(tuple.__new__(TensorSpec, (tuple(a.shape), a.stride(), off, a.dtype, a.device, a.requires_grad,
-                                                    t is torch.nn.Parameter)))
+        if t is plain or t is param:
+            off, dtype, device = a.storage_offset(), a.dtype, a.device
+            specs.append(new(TensorSpec, (a.shape, a.stride(), off, dtype, device, a.requires_grad, t is param)))
             ptr = a.data_ptr()
-            if ptr == 0:       # empty storages all have address 0
-                aliases.append(i)
-            else:
-                aliases.append(seen.setdefault((a.device, ptr - off * a.element_size()), i))
+            # empty storages all have address 0
+            aliases.append(i if ptr == 0 else seen.setdefault((device, ptr - off * dtype.itemsize), i))
         else:
             specs.append(spec_of(a))
             aliases.append(_alias(a, i, seen))
