@@ -53,6 +53,9 @@ triton_precompile: bool = os.environ.get("ENGINE_TRITON_PRECOMPILE", "1") != "0"
 # Launch runs of independent pointwise kernels (an optimizer step's per-parameter updates)
 # as one combo kernel each (engine/codegen/triton/combo.py).
 combo_kernels: bool = os.environ.get("ENGINE_COMBO_KERNELS", "1") != "0"
+# Launch Triton kernels through a small C extension (engine/codegen/triton/c_launch.py, built
+# once with the system C compiler) rather than ctypes; 0: ctypes only.
+c_launch: bool = os.environ.get("ENGINE_C_LAUNCH", "1") != "0"
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
 
 

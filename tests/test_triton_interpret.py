@@ -387,6 +387,8 @@ def test_a_repeated_launch_fills_the_slots_and_launches_at_the_planned_grid(monk
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
     kernel = cuda_launch.CudaKernel(cuda_launch.KernelBinary.of(compiled), 6, 0,
                                     lambda *a: (None, 0xF00, 16, 0, 1024))
+    from engine.codegen.triton import c_launch
+    monkeypatch.setattr(c_launch, "_module", [None])          # the ctypes path, with a stand-in libcuda
     launches, device, hooks = [], [0], []
     monkeypatch.setattr(cuda_launch, "_libcuda", [(lambda *a: launches.append(
         (a[:9], [s.value for s in kernel.slots])) or 0, None)])
@@ -410,6 +412,22 @@ def test_a_repeated_launch_fills_the_slots_and_launches_at_the_planned_grid(monk
     hooks.append(print)
     assert not repeat(x2, y, out, 8, 1)                    # a profiler's launch hook: Triton's path
     assert len(launches) == 1
+
+
+def test_the_c_launcher_builds_once_and_checks_its_arguments(tmp_path):
+    # the C extension that calls cuLaunchKernel (no GPU here: it builds, and says libcuda is missing)
+    import os
+
+    from engine.codegen.triton import c_launch
+    mod = c_launch.build(str(tmp_path))
+    assert mod is not None
+    built = os.listdir(tmp_path)
+    assert c_launch.build(str(tmp_path)) is not None and os.listdir(tmp_path) == built    # found, not rebuilt
+    with pytest.raises(TypeError):
+        mod.launch(1, 2)
+    if not mod.available():
+        with pytest.raises(RuntimeError, match="cuLaunchKernel"):
+            mod.launch(0, 1, 1, 32, 0, 0, 0)
 
 
 _SCALE_KERNEL = """

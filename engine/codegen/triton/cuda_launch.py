@@ -111,8 +111,11 @@ class CudaKernel:
         if get_device is None or get_stream is None or gx * gy == 0:
             return None
         slots = dict(self._plan)
+        from .c_launch import launcher
+        c_launch = launcher()
         ns = {"get_device": get_device, "get_stream": get_stream, "hooked": hooked, "counter": counter,
-              "launch": _cuda()[0], "error": self._raise, "FN": self.function, "PARAMS": self.params}
+              "launch": c_launch or _cuda()[0], "error": self._raise, "FN": self.function,
+              "PARAMS": ctypes.addressof(self.params) if c_launch else self.params}
         last = len(args) - 1
         lines = [f"def repeat({', '.join(f'a{i}' for i in range(last))}):"]
         for i, a in enumerate(args):
@@ -129,8 +132,10 @@ class CudaKernel:
                     lines.append("    if p & 15: return False")
                 lines.append(f"    S{i}.value = p")
         lines += [f"    if get_device() != {int(device)} or hooked(): return False",
-                  f"    code = launch(FN, {gx}, {gy}, 1, {self.block}, 1, 1, {self.shared}, get_stream({int(device)}), "
-                  "PARAMS, None)",
+                  (f"    code = launch(FN, {gx}, {gy}, {self.block}, {self.shared}, get_stream({int(device)}), PARAMS)"
+                   if c_launch else
+                   f"    code = launch(FN, {gx}, {gy}, 1, {self.block}, 1, 1, {self.shared}, get_stream({int(device)}), "
+                   "PARAMS, None)"),
                   "    if code: error(code)",
                   "    counter.hits += 1",
                   "    return True"]
