@@ -119,8 +119,8 @@ def source(c: Combo) -> str:
         end = start + blocks
         pid = "pid" if start == 0 else f"pid - {start}"
         args = ", ".join([pid] + [f"p_{b}" for b in ks.buffers] + [str(int(ks.xnumel)), "XBLOCK"])
-        if k == len(c.members) - 1:
-            lines.append("    else:" if k else "    if True:")
+        if k == len(c.members) - 1:        # a combo has two members or more
+            lines.append("    else:")
         else:
             lines.append(f"    {'if' if k == 0 else 'elif'} pid < {end}:")
         lines.append(f"        {ks.name}_part({args})")

@@ -184,19 +184,19 @@ def _body(g, sched, kernels, combos, precompile: bool) -> list:
         if c is not None:
             if step.name != sched.steps[c.steps[-1]].name:
                 return []
-            name, argv = c.name, [resolve(b) for b in c.buffers] + [f"xnumel={c.total_blocks * c.xblock}"]
+            name, args, sizes = c.name, [resolve(b) for b in c.buffers], [f"xnumel={c.total_blocks * c.xblock}"]
+            static = True
         else:
             ks = kernels[step.name]
-            name, argv = step.name, [resolve(b) for b in ks.buffers] + [str(s) for s in ks.symbols]
-            argv.append(f"xnumel={pyexpr(ks.xnumel)}")
-            if ks.kind == "reduction":
-                argv.append(f"rnumel={pyexpr(ks.rnumel)}")
+            name, args = step.name, [resolve(b) for b in ks.buffers] + [str(s) for s in ks.symbols]
+            sizes = [f"xnumel={pyexpr(ks.xnumel)}"] + ([f"rnumel={pyexpr(ks.rnumel)}"] if ks.kind == "reduction" else [])
+            static = ks.xnumel.is_Integer and (ks.kind != "reduction" or ks.rnumel.is_Integer)
+        call = f"{name}({', '.join(args + sizes)})"
         if precompile:
-            return [f"_jobs.extend({name}.precompile({', '.join(argv)}, early=early))"]
-        positional = [a for a in argv if "=" not in a]
-        if all(a.split("=")[1].isdigit() for a in argv if "=" in a):   # static sizes: a repeat of the last launch
-            return [f"{name}.fast({', '.join(positional)}) or {name}({', '.join(argv)})"]
-        return [f"{name}({', '.join(argv)})"]
+            return [f"_jobs.extend({name}.precompile({', '.join(args + sizes)}, early=early))"]
+        if static:    # the launch repeats the last one (Launcher.fast) unless an argument changed
+            return [f"{name}.fast({', '.join(args)}) or {call}"]
+        return [call]
 
     def step_call(step):
         if precompile:     # the extern's outputs, not computed: kernels only need their layouts
