@@ -601,3 +601,51 @@ def test_a_function_marked_constant_is_called_at_trace_time():
     assert (r.graph_count, r.graph_break_count) == (1, 0), [b.reason for b in r.break_reasons]
     assert _probes == ["torch"]
     same(f, torch.randn(3))
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "mean", "var", "norm", "softmax", "log_softmax", "logsumexp"])
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_torch_masked_ops_trace_into_one_graph(name, backend):
+    """torch.masked's functions define an autograd.Function class on every call (used only
+    for MaskedTensor inputs): the class statement is left unbuilt, and the op is traced."""
+    op = getattr(torch.masked, name)
+    x = torch.randn(4, 6)
+    mask = x > -0.5
+
+    def fn(x, m):
+        return op(x, 2.0, 1, mask=m) if name == "norm" else op(x, 1, mask=m)
+
+    out = explain(fn, x, mask)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
+    engine.reset()
+    torch.testing.assert_close(engine.compile(fn, backend=backend)(x, mask), fn(x, mask), equal_nan=True)
+
+
+def test_a_class_defined_in_traced_code_breaks_where_it_is_used():
+    def make(x):
+        class Scale:
+            k = 3
+        return x * Scale.k                       # the class is used: a break, run eagerly
+
+    def unused(x):
+        class Unused:
+            pass
+        return x + 1                             # defined and dropped: traced on
+
+    def fn(x):
+        return make(x.sin()) + unused(x)
+
+    out = explain(fn, torch.ones(3))
+    assert out.graph_break_count >= 1
+    reasons = " ".join(str(r.reason) for r in out.break_reasons)
+    assert "class Scale, defined in traced code, is used" in reasons, reasons
+    assert "Unused" not in reasons
+    same(fn, torch.ones(3))
+
+    def top(x):
+        class Here:
+            pass
+        return x * 2
+    out = explain(top, torch.ones(3))
+    assert "a class statement in the compiled function itself" in " ".join(str(r.reason) for r in out.break_reasons)
+    same(top, torch.ones(3))

@@ -40,6 +40,7 @@ from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariabl
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, PartialVariable,
                         SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
+from .variables import ClassStatementVariable, UnbuiltClassVariable
 
 MAX_INLINE_DEPTH = 48
 MAX_STEPS = 300_000
@@ -427,6 +428,11 @@ class Frame:
 
     def DELETE_GLOBAL(self, inst):
         raise GraphBreak("GB0017", f"del of global {inst.argval!r}")
+
+    def LOAD_BUILD_CLASS(self, inst):
+        if self.parent is None:
+            raise GraphBreak("GB0011", "a class statement in the compiled function itself")
+        self.push(ClassStatementVariable())
 
     def LOAD_ASSERTION_ERROR(self, inst):
         self.push(ObjectVariable(AssertionError))
@@ -1319,6 +1325,9 @@ class Frame:
     # ------------------------------------------------------------------ attributes
 
     def getattr(self, obj, name: str):
+        if isinstance(obj, UnbuiltClassVariable):
+            raise GraphBreak("GB0013", f"class {obj.name}, defined in traced code, is used ({obj.name}.{name}; "
+                                       "classes are not built while tracing)")
         if isinstance(obj, TensorVariable):
             return self.tensor_getattr(obj, name)
         if isinstance(obj, numpy_ops.NumpyVariable):
@@ -1719,6 +1728,12 @@ class Frame:
             raise GraphBreak("GB0011", "recursion too deep while tracing") from None
 
     def _call(self, fn, args, kwargs):
+        if isinstance(fn, ClassStatementVariable):    # class C(...): in an inlined function
+            name = self.as_python(args[1]) if len(args) > 1 and self.is_python_constant(args[1]) else "?"
+            return UnbuiltClassVariable(str(name))
+        if isinstance(fn, UnbuiltClassVariable):
+            raise GraphBreak("GB0013", f"class {fn.name}, defined in traced code, is called (classes are not built "
+                                       "while tracing)")
         if isinstance(fn, NestedFunctionVariable):
             return self.inline_nested(fn, args, kwargs)
         if isinstance(fn, FunctionVariable):

@@ -189,6 +189,22 @@ class FunctionVariable(VariableTracker):
         return f"FunctionVariable({getattr(self.fn, '__qualname__', self.fn)})"
 
 
+class ClassStatementVariable(VariableTracker):
+    """`builtins.__build_class__`, as LOAD_BUILD_CLASS pushes it inside an inlined function."""
+
+
+class UnbuiltClassVariable(VariableTracker):
+    """A class a `class` statement in an inlined function would create, left unbuilt: a
+    library that defines a class it does not use on this path (torch.masked's `Combine`,
+    for MaskedTensor inputs only) traces on; any use of the class is a graph break."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"UnbuiltClassVariable({self.name})"
+
+
 class NestedFunctionVariable(VariableTracker):
     """A function made by MAKE_FUNCTION during the trace (closure, lambda, comprehension)."""
 
