@@ -395,6 +395,37 @@ def test_ndarray_inputs_are_guarded_like_tensors():
         _same(f(a), np.cos(a) + a)
 
 
+class _ScaledByNumpy(torch.nn.Module):
+    """CTRL's embeddings (transformers): `inputs_embeds *= np.sqrt(self.d_model_size)`."""
+
+    def __init__(self):
+        super().__init__()
+        self.d_model_size = 64
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x = self.lin(x)
+        x *= np.sqrt(self.d_model_size)
+        return x * np.float32(0.5) + np.int64(3), np.sqrt(self.d_model_size)
+
+
+def _print_then_scale(x, s):
+    print("between the graphs")         # a break with a NumPy scalar on the stack
+    return x * s
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_numpy_scalars_of_constants_are_constants_of_the_graph(backend, capsys):
+    m = _ScaledByNumpy()
+    x = torch.randn(2, 4)
+    want = m(x)
+    got = engine.compile(m, backend=backend)(x)
+    _same(got, want)                                       # np.float64 stays np.float64 for Python
+    assert _ours(m, x).graph_count == 1 and _ours(m, x).graph_break_count == 0
+    fn = lambda t: _print_then_scale(t, np.sqrt(16.0)) + 1  # noqa: E731
+    torch.testing.assert_close(engine.compile(fn, backend=backend)(torch.ones(2)), torch.full((2,), 5.0))
+
+
 def test_numpy_the_capture_cannot_trace_still_runs_eagerly():
     def fn(x):
         arr = x.numpy()

@@ -104,3 +104,65 @@ def test_reset_clears_every_cache():
     assert runtime._CACHES
     engine.reset()
     assert not runtime._CACHES
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.scale = 2.0
+
+    def forward(self, x):
+        x = self.lin(x).relu()
+        print("between the graphs")     # a graph break inside every block
+        return x * self.scale
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, n, block=_Block):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([block() for _ in range(n)])
+        self.flag = True
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x * 2 if self.flag else x
+
+
+def test_a_stack_of_blocks_shares_one_entry_per_frame_as_under_torch_compile(capsys):
+    # Modules are guarded by type (parameters are graph inputs), so twelve blocks that each
+    # break compile the block's frames once, as three blocks do: no cache limit reached, no
+    # block left eager (with modules guarded by identity each block compiled again).
+    x = torch.randn(2, 4)
+    counts = []
+    for depth in (3, 12):
+        engine.reset()
+        model = _Stack(depth)
+        counts.append(engine.explain(model)(x).graph_count)
+        # two entries: the first block's input does not require grad, the others' do
+        assert len(entries_of(_Block.forward)) == 2
+        engine.reset()
+        torch.testing.assert_close(engine.compile(model, backend="eager")(x), model(x))
+    assert counts[0] == counts[1] <= 4
+
+
+class _WholeBlock(_Block):
+    def forward(self, x):
+        return self.lin(x).relu() * self.scale
+
+
+def test_a_module_changed_after_the_compile_is_not_answered_by_stale_code():
+    model, x = _Stack(2, _WholeBlock), torch.randn(2, 4)
+    compiled = engine.compile(model, backend="eager")
+    torch.testing.assert_close(compiled(x), model(x))
+    changes = [lambda: model.layers.append(_WholeBlock()),     # a layer more: the loop is guarded
+               lambda: setattr(model, "flag", False),           # an attribute the trace read
+               lambda: model.layers.__setitem__(0, _WholeBlock()),  # a layer replaced by another
+               lambda: setattr(model.layers[1], "scale", 3.0),
+               lambda: setattr(model.layers[1].lin, "weight", torch.nn.Parameter(torch.randn(4, 4))),
+               lambda: model.layers.pop(0),
+               lambda: model.eval()]
+    for change in changes:
+        change()
+        torch.testing.assert_close(compiled(x), model(x))

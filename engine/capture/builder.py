@@ -152,7 +152,11 @@ class Builder:
             out.remember(value, vt)
             return vt
         if isinstance(value, torch.nn.Module):
-            out.add_guard("ID_MATCH", source, value)
+            # by type, as torch.compile guards modules: what the trace reads of it (attributes,
+            # parameters as graph inputs, the submodules' names) is guarded as it is read, so one
+            # entry serves every layer of a stack, and a module replaced by another of its type
+            # reuses it
+            out.add_guard("TYPE_MATCH", source, type(value))
             vt = ObjectVariable(value, source)
             out.remember(value, vt)
             out.register_module_tree(value, source)

@@ -302,6 +302,10 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
             return numpy_ops.from_numpy(tx, fn, args, kwargs)
         if numpy_ops.numpy_callable_name(fn) is not None:
             return numpy_ops.call_numpy_function(tx, fn, args, kwargs)
+    elif _hashable(fn):
+        folded = numpy_ops.fold_on_constants(tx, fn, args, kwargs)
+        if folded is not None:
+            return folded
     if isinstance(fn, type):
         return call_class(tx, fnv, args, kwargs)
     if isinstance(fn, torch.nn.Module):
@@ -587,6 +591,7 @@ def bi_len(tx, args, kwargs):
             raise tx.exception(TypeError, "len() of a 0-d tensor")
         return ConstantVariable(v.fake.shape[0])
     if isinstance(v, ObjectVariable) and isinstance(v.value, torch.nn.Module):
+        tx.guard_module_structure(v)
         return ConstantVariable(len(v.value))
     if isinstance(v, ObjectVariable):
         meth = getattr(v.cls, "__len__", None)

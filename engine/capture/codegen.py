@@ -226,11 +226,12 @@ class CodeGen:
             t = self.tmp()
             self.emit("prologue", f"{t} = {text}")
             return t
-        if isinstance(value, _LITERAL_TYPES) and (not isinstance(value, int) or abs(value) < 2 ** 62):
+        # exact types only: a subclass's repr is not its literal (np.float64(8.0), <Color.RED: 1>)
+        if type(value) in _LITERAL_TYPES and (type(value) is not int or abs(value) < 2 ** 62):
             return repr(value)
-        if isinstance(value, float) and math.isfinite(value):
+        if type(value) is float and math.isfinite(value):
             return repr(value)
-        if type(value) is tuple and all(isinstance(x, _LITERAL_TYPES) for x in value):
+        if type(value) is tuple and all(type(x) in _LITERAL_TYPES for x in value):
             return repr(value)
         return self.const(value, "const")
 

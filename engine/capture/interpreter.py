@@ -1005,11 +1005,15 @@ class Frame:
         if isinstance(v, ObjectVariable):
             val = v.value
             if isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
-                    # items get the sources registered for the module tree (register_module_tree)
-                return [self.out.builder.wrap_sourceless(x) for x in val]
-            if isinstance(val, torch.nn.ModuleDict):
-                return [ConstantVariable(k) for k in val.keys()]
-            if isinstance(val, torch.nn.ParameterDict):
+                self.guard_module_structure(v)
+                if v.source is None:   # items get the sources registered for the module tree, if any
+                    return [self.out.builder.wrap_sourceless(x) for x in val]
+                # by name, as the module tree registers them (getattr(L['self'], '0')): a plain attribute
+                # read, where indexing a Sequential runs its Python __getitem__ in every guard check
+                table = val._parameters if isinstance(val, torch.nn.ParameterList) else val._modules
+                return [self.out.builder.wrap(x, AttrSource(v.source, k)) for k, x in table.items()]
+            if isinstance(val, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                self.guard_module_structure(v)
                 return [ConstantVariable(k) for k in val.keys()]
             if hasattr(val, "_fields") and isinstance(val, tuple):
                 return [wrap_constant(x) for x in val]
@@ -1050,8 +1054,8 @@ class Frame:
                 return True
             cls = v.cls
             if isinstance(v.value, torch.nn.Module):
-                if isinstance(v.value, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
-                                        torch.nn.ParameterList, torch.nn.ParameterDict)):
+                if isinstance(v.value, MODULE_CONTAINERS):
+                    self.guard_module_structure(v)
                     return len(v.value) > 0
                 return True
             if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
@@ -1107,6 +1111,7 @@ class Frame:
                     return True
             return False
         if isinstance(container, ObjectVariable) and isinstance(container.value, torch.nn.ModuleDict):
+            self.guard_module_structure(container)
             return self.as_python(item) in container.value
         if isinstance(container, ObjectVariable):
             meth = getattr(container.cls, "__contains__", None)
@@ -1260,8 +1265,8 @@ class Frame:
         if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module):
             m = obj.value
             i = self.as_python(idx, "an index")
-            if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList, torch.nn.ModuleDict,
-                              torch.nn.ParameterDict)):
+            if isinstance(m, MODULE_CONTAINERS):
+                self.guard_module_structure(obj)
                 try:
                     result = m[i]
                 except Exception as exc:
@@ -1573,6 +1578,16 @@ class Frame:
             return builder.wrap(d[name], src) if src is not None else builder.wrap_sourceless(d[name])
         return self._class_attr(obj, name, static, src)
 
+    def guard_module_structure(self, obj: ObjectVariable) -> None:
+        """A ModuleList / Sequential / ModuleDict / Parameter{List,Dict} read for its length,
+        keys or items: guarded on the names it holds, so that a layer appended after the
+        compile recompiles (modules are guarded by type, not identity: builder.py)."""
+        m = obj.value
+        if obj.source is None or not isinstance(m, MODULE_CONTAINERS):
+            return
+        table = "_parameters" if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
+        self.out.add_guard("DICT_KEYS", AttrSource(obj.source, table), tuple(m.__dict__[table].keys()))
+
     def dict_items_method(self, obj: ObjectVariable, name: str):
         """`dict.<name>` of a dict subclass object, on its items (not its Python overrides)."""
         if obj.dict_vt is not None:
@@ -1848,6 +1863,10 @@ def _is_data_descriptor(cls, name) -> bool:
 
 
 # objects whose attribute reads the capture models itself (or that have C lookups)
+# modules whose length, keys and items the trace reads (guarded: guard_module_structure)
+MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
+                     torch.nn.ParameterDict)
+
 _GENERIC_GETATTR = (types.ModuleType, type, torch.nn.Module, types.BuiltinFunctionType, types.MethodType,
                     functools.partial)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)

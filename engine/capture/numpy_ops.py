@@ -227,6 +227,31 @@ def numpy_callable_name(fn) -> Optional[str]:
 _MUTATING_FUNCTIONS = {"copyto", "put", "place", "putmask", "fill_diagonal", "put_along_axis"}
 
 
+def fold_on_constants(tx, fn, args, kwargs):
+    """np.sqrt(self.d_model) and other NumPy functions of Python constants that give a
+    scalar: called now, the scalar is a constant of the trace (the arguments are already
+    guarded). None where that does not hold (an array result, a mutating function)."""
+    if np is None or not (isinstance(fn, np.ufunc) or (getattr(fn, "__module__", None) or "") == "numpy"):
+        return None
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or getattr(np, name, None) is not fn or name in _MUTATING_FUNCTIONS or \
+            "out" in kwargs:
+        return None
+    if not (all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values())):
+        return None
+    try:
+        value = fn(*[tx.as_python(a) for a in args], **{k: tx.as_python(v) for k, v in kwargs.items()})
+    except Exception:
+        return None   # left to the call's own handling, which says why
+    return ConstantVariable(value) if isinstance(value, (np.generic, int, float, bool, complex)) else None
+
+
+def scalar_value(value):
+    """A NumPy scalar as the Python scalar torch takes it for (np.float64(8.0) -> 8.0), so a
+    graph's code never names NumPy; anything else unchanged."""
+    return value.item() if np is not None and isinstance(value, np.generic) else value
+
+
 def call_numpy_function(tx, fn, args, kwargs):
     name = numpy_callable_name(fn)
     if name is None or name in _MUTATING_FUNCTIONS or "out" in kwargs:

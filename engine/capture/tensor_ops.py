@@ -9,7 +9,7 @@ import types
 
 import torch
 
-from . import scalars
+from . import numpy_ops, scalars
 from .graph_breaks import GraphBreak
 from ..shapes.symbolic import has_symbolic, to_proxy as symbolic_to_proxy
 from .variables import (ConstantVariable, DictVariable, ListVariable, ObjectVariable, TensorVariable, TupleVariable,
@@ -31,7 +31,7 @@ def _convert(v, which: str):
                 except NotImplementedError as exc:
                     raise GraphBreak("GB0019", f"cannot put the expression {v.value} in the graph ({exc})") from None
             return symbolic_to_proxy(v.value)
-        return v.value
+        return numpy_ops.scalar_value(v.value)
     if isinstance(v, ListVariable):
         return [_convert(x, which) for x in v.items]
     if isinstance(v, TupleVariable):
