@@ -203,6 +203,32 @@ def test_an_int_argument_goes_dynamic_after_it_changes_like_pytorch():
     assert "create_symbol s0 = 3 for L['n'] [-int_oo, int_oo]" in text
 
 
+def route(x, sizes):
+    """A mixture-of-experts router (JetMoE's): split sizes that change on every call."""
+    return [chunk * (i + 1) for i, chunk in enumerate(torch.split(x, sizes))]
+
+
+def route_after_a_break(x, counts):
+    sizes = counts.tolist()         # a graph break: the resume function receives the list
+    return route(x, sizes)
+
+
+def test_ints_in_a_list_argument_go_dynamic_after_they_change():
+    for fn in (route, route_after_a_break):
+        engine.reset()
+        f = engine.compile(fn, backend="aot_eager")
+        with logs("recompiles") as lines:
+            for sizes in ([3, 5, 2], [4, 2, 4], [2, 3, 5], [5, 3, 2]):
+                x = torch.randn(10, 2, requires_grad=True)
+                arg = sizes if fn is route else torch.tensor(sizes)
+                got, want = f(x, arg), fn(x, arg)
+                assert same(got, want)
+                grads = [torch.autograd.grad(sum(t.sum() for t in out), x)[0] for out in (got, want)]
+                assert same(*grads)
+        # specialized, then symbolic once the sizes changed: one recompile, not one per call
+        assert "\n".join(lines).count("Recompiling function") == 1, lines
+
+
 def describe(x):
     return x + 1, f"batch={x.shape[0]}", str(x.shape), isinstance(x.shape[0], int)
 

@@ -26,13 +26,14 @@ def _need_transformers():
         pytest.skip("transformers is not installed")
 
 
-def run_zoo(tmp_path, backend, mode, models=None, model_timeout=120, timeout=900):
-    """Run `python -m tests.zoo --impl engine` in a subprocess (a fresh engine and torch per
-    run) and return its JSON results. A model past `model_timeout` seconds is an error
-    (each takes a few seconds); `timeout` bounds the whole run."""
+def run_zoo(tmp_path, backend, mode, models=None, model_timeout=120, timeout=900, runner=("tests.zoo",)):
+    """Run `python -m tests.zoo --impl engine` (or another `runner` command taking the zoo's
+    options) in a subprocess (a fresh engine and torch per run) and return its JSON results.
+    A model past `model_timeout` seconds is an error (each takes a few seconds); `timeout`
+    bounds the whole run."""
     _need_transformers()
     out = tmp_path / "zoo.json"
-    cmd = [sys.executable, "-m", "tests.zoo", "--impl", "engine", "--backend", backend, "--mode", mode,
+    cmd = [sys.executable, "-m", *runner, "--impl", "engine", "--backend", backend, "--mode", mode,
            "--timeout", str(model_timeout), "--json", str(out)]
     if models:
         cmd += ["--models", models]
@@ -61,6 +62,19 @@ def check(result):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_zoo_has_no_wrong_results(backend, mode, tmp_path):
     check(run_zoo(tmp_path, backend, mode))
+
+
+# Architectures beyond the zoo's hand-written configs (tests/zoo/sweep.py builds every causal
+# LM transformers ships from one tiny config): a sample that covers mixtures of experts,
+# ALiBi, parallel attention, NumPy in forward (CTRL), multi-query attention (GPTBigCode).
+SWEEP_SAMPLE = "ctrl,jetmoe,qwen3_moe,mixtral,phi3,gemma2,bloom,mpt,falcon,gpt_bigcode,olmo2,stablelm"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_architectures_beyond_the_zoo_train_like_eager(backend, tmp_path):
+    result = run_zoo(tmp_path, backend, "train", runner=("tests.zoo.sweep", "--only", SWEEP_SAMPLE))
+    check(result)
+    assert len(result["rows"]) == len(SWEEP_SAMPLE.split(",")), "an architecture no longer builds"
 
 
 def test_zoo_inductor_sample(tmp_path):

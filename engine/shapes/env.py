@@ -177,6 +177,7 @@ def make_fake(mode: FakeTensorMode, tensor: torch.Tensor, source=None) -> torch.
 
 
 _FRAME_ARG = re.compile(r"^L\[('[^']*'|\"[^\"]*\")\]$")
+_FRAME_ARG_ITEM = re.compile(r"^L\[('[^']*'|\"[^\"]*\")\](\[\d+\])+$")   # L['sizes'][0]
 
 
 def wrap_int(owner, value, source):
@@ -188,9 +189,12 @@ def wrap_int(owner, value, source):
     if not isinstance(env, EngineShapeEnv):
         return None
     name = source.name()
-    if not _FRAME_ARG.match(name):
-        return None
     code, dynamic = frame_options(owner)
+    if not _FRAME_ARG.match(name):
+        # an int in a list or tuple argument (split sizes from .tolist(), passed on to a resume
+        # function): symbolic once it changes, as torch's automatic dynamic does; never up front
+        if not _FRAME_ARG_ITEM.match(name) or dynamic is True:
+            return None
     if not policy.int_is_dynamic(code, name, value, dynamic):
         return None
     src = NamedSource(name)
