@@ -394,3 +394,30 @@ def test_an_output_that_views_an_intermediate_can_be_modified_in_place(backend):
         return torch.randn(7, generator=g), torch.randn(7, generator=g)
 
     run(f, inputs, backend)
+
+
+class _DynamicMask(torch.nn.Module):
+    """Doge's dynamic attention mask (transformers): a softplus whose gradient arrives
+    transposed."""
+
+    def __init__(self):
+        super().__init__()
+        self.dt_proj = torch.nn.Linear(8, 4)
+        self.A = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.exp(self.A * F.softplus(self.dt_proj(x))).transpose(-1, -2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["aot_eager_decomp_partition"])
+def test_a_backward_kernel_laying_out_its_result_unlike_its_meta_still_runs(backend):
+    # On CPU softplus_backward keeps the transposed strides of its incoming gradient where its
+    # meta function says contiguous, and the backward's `view` for the linear's gradient
+    # raised "view size is not compatible" (aot_eager; Doge, Qwen3.5 and Qwen3-Next training).
+    torch.manual_seed(0)
+    model, x = _DynamicMask(), torch.randn(2, 16, 8)
+    compiled = engine.compile(copy.deepcopy(model), backend=backend)
+    for m in (model, compiled):
+        m(x).sum().backward()
+    for p, q in zip(model.parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)

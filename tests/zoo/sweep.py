@@ -46,8 +46,8 @@ def _builder(model_type: str, class_name: str):
         cls = CONFIG_MAPPING[model_type]
         # a size some configs derive (a read-only property there) is left to them
         config = cls(**{k: v for k, v in TINY.items() if not isinstance(getattr(cls, k, None), property)})
-        for k, v in config.to_dict().items():   # every dropout off, whatever the config names it
-            if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0:
+        for k, v in config.to_dict().items():   # every dropout and router jitter off, whatever its name
+            if ("dropout" in k or "pdrop" in k or "jitter" in k) and isinstance(v, float) and v > 0:
                 setattr(config, k, 0.0)
         return getattr(transformers, class_name)(config)
     return build
