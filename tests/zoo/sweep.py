@@ -46,7 +46,7 @@ def _builder(model_type: str, class_name: str):
         cls = CONFIG_MAPPING[model_type]
         # a size some configs derive (a read-only property there) is left to them
         config = cls(**{k: v for k, v in TINY.items() if not isinstance(getattr(cls, k, None), property)})
-        if getattr(config, "kv_lora_rank", None):   # latent attention (MLA) expands the KV to every head
+        if getattr(cls, "kv_lora_rank", None):   # latent attention (MLA) expands the KV to every head
             config.num_key_value_heads = config.num_attention_heads
         for k, v in config.to_dict().items():   # every dropout and router jitter off, whatever its name
             if ("dropout" in k or "pdrop" in k or "jitter" in k) and isinstance(v, float) and v > 0:
