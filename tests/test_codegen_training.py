@@ -115,3 +115,42 @@ def test_a_contrastive_loss_matches_eager():
     with torch.no_grad():
         for got, expected in zip(engine.compile(f, backend="inductor")(a, b, s), f(a, b, s)):
             torch.testing.assert_close(got, expected)
+
+
+class _FusedQKV(nn.Module):
+    """GPT-2's attention (transformers): q, k and v split from one projection and permuted,
+    so the forward saves three views of one tensor for the backward."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads, self.c_attn, self.c_proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).permute(0, 2, 1, 3) for y in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)   # saves q, k and v
+        return self.c_proj(y.permute(0, 2, 1, 3).reshape(b, t, d))
+
+
+def test_tensors_saved_for_backward_that_are_views_of_one_tensor_compile():
+    # Only outputs the caller sees must stay views of one buffer as in eager; the forward's
+    # saved tensors are read by the backward alone. The graph ran as aten ops before (GPT-2,
+    # GPT-J, GPTBigCode, JetMoE, xLSTM training on inductor).
+    import observe
+
+    torch.manual_seed(0)
+    model, x = _FusedQKV(), torch.randn(2, 5, 16)
+    uncompiled = []
+    sink = observe.subscribe(lambda e: e.metadata.get("name") == "graph_uncompiled" and uncompiled.append(e),
+                             events=["artifact"])
+    try:
+        engine.reset()
+        compiled = engine.compile(model, backend="inductor")
+        got = torch.autograd.grad(compiled(x).square().sum(), list(model.parameters()))
+    finally:
+        observe.unsubscribe(sink)
+    expected = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not uncompiled, [e.payload() for e in uncompiled]

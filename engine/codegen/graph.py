@@ -160,7 +160,7 @@ class GraphLowering:
                     value = self.env[o] if isinstance(o, torch.fx.Node) else o
                     if k < user and isinstance(value, TensorValue):
                         value = self._dense_as_eager(value, o)
-                    self.outputs.append(self._output(value, o, claimed))
+                    self.outputs.append(self._output(value, o, claimed, user=k < user))
                 self._find_write_backs()
             else:
                 raise Unsupported(f"fx node kind {node.op}")
@@ -359,10 +359,13 @@ class GraphLowering:
                     and is_dense(mine.sizes, mine.strides):     # each element stored once
                 self.write_back[buf] = target
 
-    def _output(self, value, node, claimed: dict):
+    def _output(self, value, node, claimed: dict, user: bool = True):
         """`claimed`: buffer -> (the eager storage, the node) of the output that returns it
         (outputs that are views of one intermediate in eager, `t[1:]` and `t[1:][::2]`, share
-        it here too: writing through one must change the other)."""
+        it here too: writing through one must change the other). `user`: an output the caller
+        sees; the rest are saved for the backward graph, which only reads them, so two of them
+        may be two buffers where eager had views of one (GPT-2's q, k and v, split from one
+        projection)."""
         if isinstance(value, TensorValue):
             fake = fake_of(node) if isinstance(node, torch.fx.Node) else None
             storage = _storage_of(fake)
@@ -377,8 +380,8 @@ class GraphLowering:
                 # output): the output is a copy, never the caller's tensor
                 value = self.realize(value, fake, copy=True)
             mine = self.as_strided(value)[0]
-            if storage is not None and any(st == storage and buf != mine and other is not node
-                                           for buf, (st, other) in claimed.items()):
+            if user and storage is not None and any(st == storage and buf != mine and other is not node
+                                                    for buf, (st, other) in claimed.items()):
                 # in eager this output and an earlier one are views of one tensor (writing
                 # through one changes the other); here they would be two buffers
                 raise Unsupported(f"outputs {node} and an earlier one are views of one tensor that is not "
