@@ -166,3 +166,28 @@ def test_a_module_changed_after_the_compile_is_not_answered_by_stale_code():
     for change in changes:
         change()
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class _FirstTwo(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+
+    def forward(self, x):
+        layers = self.layers[:2]       # a new ModuleList, live across the break
+        print("between the graphs")
+        for layer in layers:
+            x = layer(x)
+        return x
+
+
+def test_two_instances_of_a_module_class_each_get_their_own_layers(capsys):
+    # One compiled forward serves both instances where everything it holds is read again
+    # from `self`; a slice of a ModuleList held across a break is this module's own, so the
+    # entry made with it is guarded on the list's identity.
+    f = engine.compile(_FirstTwo.forward, backend="eager")
+    x = torch.randn(2, 4)
+    for m in (_FirstTwo(), _FirstTwo(), _Stack(2, _WholeBlock), _Stack(2, _WholeBlock)):
+        torch.testing.assert_close(engine.compile(m, backend="eager")(x), m(x))
+        if isinstance(m, _FirstTwo):
+            torch.testing.assert_close(f(m, x), m(x))

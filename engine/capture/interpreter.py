@@ -1272,6 +1272,11 @@ class Frame:
                 except Exception as exc:
                     raise self.exception(type(exc), str(exc)) from None
                 if isinstance(i, slice):
+                    # a new container of this module's layers, with no source to rebuild it from:
+                    # the code after a break would hold it as a constant, so this entry is for
+                    # this very module (another instance of its type compiles its own)
+                    if obj.source is not None:
+                        self.out.add_guard("ID_MATCH", obj.source, m)
                     vt = ObjectVariable(result)
                     self.out.remember(result, vt)
                     return vt
@@ -1862,11 +1867,11 @@ def _is_data_descriptor(cls, name) -> bool:
     return False
 
 
-# objects whose attribute reads the capture models itself (or that have C lookups)
 # modules whose length, keys and items the trace reads (guarded: guard_module_structure)
 MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                      torch.nn.ParameterDict)
 
+# objects whose attribute reads the capture models itself (or that have C lookups)
 _GENERIC_GETATTR = (types.ModuleType, type, torch.nn.Module, types.BuiltinFunctionType, types.MethodType,
                     functools.partial)
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
