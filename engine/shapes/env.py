@@ -189,12 +189,14 @@ def wrap_int(owner, value, source):
     if not isinstance(env, EngineShapeEnv):
         return None
     name = source.name()
+    # an int in a list or tuple argument (split sizes from .tolist(), passed on to a resume
+    # function): symbolic once it changes, as torch's automatic dynamic does; never up front
+    item = _FRAME_ARG.match(name) is None
+    if item and _FRAME_ARG_ITEM.match(name) is None:
+        return None
     code, dynamic = frame_options(owner)
-    if not _FRAME_ARG.match(name):
-        # an int in a list or tuple argument (split sizes from .tolist(), passed on to a resume
-        # function): symbolic once it changes, as torch's automatic dynamic does; never up front
-        if not _FRAME_ARG_ITEM.match(name) or dynamic is True:
-            return None
+    if item and dynamic is True:
+        return None
     if not policy.int_is_dynamic(code, name, value, dynamic):
         return None
     src = NamedSource(name)

@@ -14,6 +14,7 @@ zoo runs its own entries (`python -m tests.zoo --help` lists the runner's option
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -92,26 +93,19 @@ def causal_lm_entries(only=(), max_params: float = 20e6, out=sys.stderr) -> list
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    only, max_params = set(), 20e6
-    if "--only" in argv:
-        i = argv.index("--only")
-        only = {s.strip() for s in argv[i + 1].split(",") if s.strip()}
-        del argv[i:i + 2]
-    if "--max-params" in argv:
-        i = argv.index("--max-params")
-        max_params = float(argv[i + 1])
-        del argv[i:i + 2]
-    names = causal_lm_entries(only, max_params)
-    if "--shard" in argv:   # --shard i/n: every n-th architecture from the i-th, to run n processes side by side
-        i = argv.index("--shard")
-        k, n = map(int, argv[i + 1].split("/"))
-        del argv[i:i + 2]
-        names = names[k::n]
+    ap = argparse.ArgumentParser(prog="python -m tests.zoo.sweep", description=__doc__.split("\n\n")[0],
+                                 epilog="Every other option goes to the zoo's runner (python -m tests.zoo --help).")
+    ap.add_argument("--only", default="", help="comma-separated model types (default: all)")
+    ap.add_argument("--max-params", type=float, default=20e6, help="skip larger models (default 20e6)")
+    ap.add_argument("--shard", default="0/1", help="i/n: every n-th architecture from the i-th, to run n processes")
+    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    k, n = map(int, args.shard.split("/"))
+    names = causal_lm_entries(only, args.max_params)[k::n]
     print(f"sweep: {len(names)} architectures built", file=sys.stderr)
-    if "--models" not in argv:
-        argv += ["--models", ",".join(names)]
-    return runner.main(argv)
+    if "--models" not in rest:
+        rest += ["--models", ",".join(names)]
+    return runner.main(rest)
 
 
 if __name__ == "__main__":
