@@ -649,3 +649,17 @@ def test_a_class_defined_in_traced_code_breaks_where_it_is_used():
     out = explain(top, torch.ones(3))
     assert "a class statement in the compiled function itself" in " ".join(str(r.reason) for r in out.break_reasons)
     same(top, torch.ones(3))
+
+
+def test_classmethods_of_builtin_types_on_constants_are_traced():
+    # transformers' hybrid-model cache (Qwen3.5): `dict.fromkeys(range(n))`, then filled in
+    def fn(x, n):
+        states = dict.fromkeys(range(n))
+        for i in states:
+            states[i] = x * i
+        return states, int.from_bytes(b"\x02", "little") * x
+
+    x = torch.randn(3)
+    out = explain(fn, x, 3)
+    assert (out.graph_count, out.graph_break_count) == (1, 0)
+    same(fn, x, 3)

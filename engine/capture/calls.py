@@ -354,6 +354,8 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, types.ModuleType):
             mod = owner.__name__
+        elif isinstance(owner, type) and owner.__module__ == "builtins":
+            mod = "builtins"   # a builtin type's classmethod: dict.fromkeys(range(n)), int.from_bytes(...)
         if (mod in PURE_MODULES or mod == "builtins") and all(tx.is_python_constant(a) for a in args) and \
                 all(tx.is_python_constant(v) for v in kwargs.values()) and fn not in _IMPURE_BUILTINS:
             return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
