@@ -663,3 +663,27 @@ def test_classmethods_of_builtin_types_on_constants_are_traced():
     out = explain(fn, x, 3)
     assert (out.graph_count, out.graph_break_count) == (1, 0)
     same(fn, x, 3)
+
+
+def test_multihead_attention_takes_its_composite_path_as_under_torch_compile():
+    """nn.MultiheadAttention in eval under no_grad has a fused fast path
+    (`torch._native_multi_head_attention`) whose only decomposition is math attention; torch.compile
+    takes the module's composite path instead, whose `scaled_dot_product_attention` stays a
+    flash / cuDNN kernel on a GPU. The engine does the same."""
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = torch.randn(2, 7, 32)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm
+
+    def f(x):
+        with torch.no_grad():
+            return mha(x, x, x, need_weights=False)[0]
+
+    engine.reset()
+    got = engine.compile(f, backend=backend)(x)
+    torch.testing.assert_close(got, f(x))
+    assert len(graphs) == 1 and "multi_head_attention_forward" in graphs[0], graphs
+    assert "_native_multi_head_attention" not in graphs[0]

@@ -54,3 +54,19 @@ def test_other_matmuls_are_left_alone(shapes, dtype, device):
     gm = traced(torch.mm, *shapes, dtype=dtype, device=device)
     assert pad_matmuls(gm) == 0
     assert aten.constant_pad_nd.default not in targets(gm)
+
+
+def test_a_linear_weight_is_padded_as_it_lies():
+    """GPT-2's lm head: `x @ W.t()` with W [50257, 768]. The padded copy adds rows to W
+    (reading and writing it in memory order) and the matmul reads it transposed."""
+    def lm_head(x, w):
+        return torch.mm(x, w.t())
+    gm = traced(lm_head, (64, 256), (50257, 256))
+    assert pad_matmuls(gm) == 1
+    pad = next(n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default)
+    assert list(pad.args[1]) == [0, 0, 0, 7]
+    assert pad.meta["val"].shape == (50264, 256) and pad.meta["val"].is_contiguous()
+    mm = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    assert mm.args[1].meta["val"].stride() == (1, 256)
+    real = [torch.randn(64, 256), torch.randn(50257, 256)]
+    torch.testing.assert_close(gm(*real), lm_head(*real), rtol=1e-4, atol=1e-3)

@@ -590,3 +590,19 @@ def test_combo_plan_keeps_kernels_apart_that_depend_on_each_other():
     c = _stand_in("k2", ["buf0"], ["buf2"])
     d = _stand_in("k3", ["z"], ["buf3"])
     assert groups([a, b, c, d]) == [["k0", "k1"], ["k2", "k3"]]
+
+
+def test_channels_last_pointwise_walks_memory_order():
+    """A pointwise op on a channels-last activation (a conv net's BatchNorm+ReLU) is computed
+    in N, H, W, C order: the input is read and the output written at the flat block index,
+    not with a stride of C between neighbouring lanes."""
+    def f(x, w):
+        return (x * w + 1).relu()
+
+    x = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    c = check(f, x, torch.randn(8, 1, 1))
+    src = kernels_of(c)
+    assert "tl.load(p_arg0 + xindex, xmask" in src and "tl.store(p_buf0 + xindex" in src, src
+    out = c(x, torch.randn(8, 1, 1))
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    assert out.stride() == x.stride()

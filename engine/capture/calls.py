@@ -1183,6 +1183,10 @@ def _state_queries():
     table[torch._assert] = _torch_assert
     table[python_dispatch._get_current_dispatch_mode_stack] = lambda tx, a, k: ListVariable([])  # none in user code
     table[python_dispatch.is_in_torch_dispatch_mode] = _fixed(False)
+    # nn.MultiheadAttention's inference fast path (`torch._native_multi_head_attention`) has no
+    # decomposition but math attention; under torch.compile, too, the module takes its
+    # composite path, whose `scaled_dot_product_attention` stays a flash / cuDNN kernel
+    table[torch.nn.modules.activation._is_make_fx_tracing] = _fixed(True)
     for name, value in (("is_compiling", True), ("is_dynamo_compiling", True), ("is_exporting", False)):
         fn = getattr(torch.compiler, name, None)
         if fn is not None:

@@ -21,7 +21,7 @@ import observe
 from .. import config
 from ..distributed import ddp
 from ..debug.minifier import hooks as minifier_hooks
-from ..guards import compile_guards, render_guards
+from ..guards import SharedPrefixes, compile_guards, render_guards
 from .. import shapes
 from . import bytecode as bc
 from . import resume as resume_mod
@@ -493,7 +493,8 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         metrics["backend_compile_time_s"] = round(time.time() - t0, 6)
         ns_graph[compiled_name] = compiled
         out.output_index = {n: i for i, n in enumerate(output_nodes)}
-        graph_call = f"__o = {compiled_name}({', '.join(input_sources)})"
+        shared = SharedPrefixes()
+        graph_call = f"__o = {compiled_name}({', '.join(shared.expression(str(s)) for s in input_sources)})"
     else:
         out.output_index = {}
         graph_call = None

@@ -399,11 +399,13 @@ class GraphLowering:
                 return Layout(sizes, strides, dtype, device, 0)
         return Layout(sizes, tuple(contiguous_strides(sizes)), dtype, device, 0)
 
-    def realize(self, tv: TensorValue, fake=None, copy: bool = False, memory_order: bool = False) -> TensorValue:
-        """tv in a buffer of its own, dense, with fake's strides where they are dense.
-        memory_order: the kernel walks the buffer in memory order, not in tv's dim order (an
-        operand eager passes transposed, `h.t()` into a matmul, is written and read
-        coalesced; the extern receives the transposed view)."""
+    def realize(self, tv: TensorValue, fake=None, copy: bool = False) -> TensorValue:
+        """tv in a buffer of its own, dense, with fake's strides where they are dense. The
+        kernel walks the buffer in memory order, not in tv's dim order, so its stores are
+        coalesced and so are the loads of inputs laid out alike: a channels-last activation
+        (N, C, H, W with C innermost) is computed as N, H, W, C; an operand eager passes
+        transposed, `h.t()` into a matmul, is written row by row and handed over as the
+        transposed view."""
         if self.as_strided(tv) is not None and not copy:
             return tv
         fake = fake if fake is not None else fake_of(self.current_node)
@@ -412,7 +414,7 @@ class GraphLowering:
         cdt = V.compute_dtype(tv.dtype)
         loader = tv.loader
         order = sorted(range(len(layout.sizes)), key=lambda d: -int(layout.strides[d])) \
-            if memory_order and all(isinstance(s, sympy.Integer) for s in layout.strides) else None
+            if all(isinstance(s, sympy.Integer) for s in layout.strides) else None
         if order is None or order == sorted(order):
             data, stored = Pointwise(list(tv.sizes), lambda idx: V.cast(loader(idx), cdt)), layout
         else:
@@ -511,10 +513,10 @@ class GraphLowering:
                 view = self.as_strided(a)
                 fake = expected.get(id(a))
                 if view is not None and fake is not None and not _same_strides(view[1], fake):
-                    a = self.realize(a, fake, copy=True, memory_order=True)
+                    a = self.realize(a, fake, copy=True)
                     view = self.as_strided(a)
                 if view is None:
-                    a = self.realize(a, fake, memory_order=True)
+                    a = self.realize(a, fake)
                     view = self.as_strided(a)
                 if op in _MATMULS and _unaligned_operand(view[1]) is not None:
                     a = self._aligned_operand(view)

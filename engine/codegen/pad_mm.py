@@ -3,7 +3,9 @@
 zero-padded to one, and the result sliced back. cuBLAS takes its unaligned kernels for
 such sizes, several times slower (GPT-2's logits and their gradient: 5 ms of an H100
 training step); the padding copies are pointwise kernels of our own, and the slice is a
-view (the padded rows' memory, as the layout of what reads it).
+view (the padded rows' memory, as the layout of what reads it). A Linear's weight, which
+the matmul reads transposed, is padded in its own layout (rows added, a coalesced copy)
+and handed over transposed again.
 
 Zero padding keeps the values exact: padded K terms add 0 * 0, padded N columns are never
 read."""
@@ -52,7 +54,14 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> int:
                 new.meta = {**node.meta, "val": val}
                 return new
             a2 = call(aten.constant_pad_nd.default, (a, [0, pk], 0.0), aten.constant_pad_nd(fa, [0, pk])) if pk else a
-            b2 = call(aten.constant_pad_nd.default, (b, [0, pn, 0, pk], 0.0), aten.constant_pad_nd(fb, [0, pn, 0, pk]))
+            if fb.stride() == (1, fb.shape[0]):   # a Linear's weight, transposed: padded as it lies
+                bt = call(aten.permute.default, (b, [1, 0]), aten.permute(fb, [1, 0]))
+                bt = call(aten.constant_pad_nd.default, (bt, [0, pk, 0, pn], 0.0),
+                          aten.constant_pad_nd(bt.meta["val"], [0, pk, 0, pn]))
+                b2 = call(aten.permute.default, (bt, [1, 0]), aten.permute(bt.meta["val"], [1, 0]))
+            else:
+                b2 = call(aten.constant_pad_nd.default, (b, [0, pn, 0, pk], 0.0),
+                          aten.constant_pad_nd(fb, [0, pn, 0, pk]))
             fa2, fb2 = a2.meta["val"] if pk else fa, b2.meta["val"]
             if bias is None:
                 out = call(aten.mm.default, (a2, b2), aten.mm(fa2, fb2))

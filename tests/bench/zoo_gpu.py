@@ -12,8 +12,11 @@ Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 an
 Per model and implementation: ms per call (CUDA events, median of --iters after warm-up),
 speedup over eager, cold compile seconds (the calls until the first timed one, fresh caches),
 peak memory (GiB); then geomeans of the speedups per implementation, inference and training
-apart. Each (model, implementation) runs in its own try/except. With $OUT set (or --json)
-the rows are written as JSON too."""
+apart. Each (model, implementation) runs in a fresh process of its own (--same-process: all
+in this one), inside a try/except. Per call: "ms" is one call timed alone, synchronized
+before and after (what a request waits for); "host ms" the time until the call returns to
+Python; "b2b ms" a call's share of calls made back to back (throughput, the host running
+ahead of the GPU). With $OUT set (or --json) the rows are written as JSON too."""
 
 from __future__ import annotations
 
@@ -108,22 +111,30 @@ def compiled(impl: str, fn):
 
 
 def measure(call, iters: int, warm: int):
-    """(cold seconds of the first `warm` calls, median ms of the next `iters`)"""
+    """(cold seconds of the first `warm` calls, median ms of the next `iters` each timed
+    alone (CUDA events, synchronized after each), median host ms of those calls (until the
+    call returns), ms a call of `iters` calls back to back (the host runs ahead))"""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(warm):
         call()
     torch.cuda.synchronize()
     cold = time.perf_counter() - t0
-    times = []
+    times, host = [], []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        h = time.perf_counter()
         call()
+        host.append((time.perf_counter() - h) * 1e3)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b))
-    return cold, statistics.median(times)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    torch.cuda.synchronize()
+    return cold, statistics.median(times), statistics.median(host), (time.perf_counter() - t0) * 1e3 / iters
 
 
 def fresh_caches(tag: str) -> None:
@@ -164,10 +175,10 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         call = lambda: fn(model, opt, inputs)    # noqa: E731
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    cold, ms = measure(call, iters, warm=3 if impl.endswith("-ro") else 2)
+    cold, ms, host_ms, tput_ms = measure(call, iters, warm=3 if impl.endswith("-ro") else 2)
     peak = torch.cuda.max_memory_allocated() / 2**30
     row = {"model": name, "mode": "train" if train else "infer", "impl": impl, "ms": ms, "cold_s": cold,
-           "peak_gib": peak}
+           "peak_gib": peak, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"] = top_kernels(call)
     return row
@@ -194,6 +205,20 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def _run_child(name: str, train: bool, impl: str, args) -> dict:
+    """run_one in a fresh process; its output passes through, its row comes back as JSON."""
+    import subprocess
+    path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
+    cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
+           "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else [])
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0 or not os.path.exists(path):
+        print(proc.stdout[-3000:], flush=True)
+        raise RuntimeError(f"the child process exited with {proc.returncode}")
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(INFER), help="inference models: " + ",".join(INFER))
@@ -202,19 +227,30 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every (model, implementation) in this process; by default each runs in a fresh "
+                         "one, so none pays for or profits from another's imports, caches and leftover state")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
     global PROFILE
     PROFILE = args.profile
+    if args.one:
+        name, mode, impl = args.one.split(":")
+        with open(args.json, "w") as f:
+            json.dump(run_one(name, mode == "train", impl, args.iters), f)
+        return
     impls = args.impls.split(",")
     rows = []
     work = [(m, False) for m in args.models.split(",") if m] + [(m, True) for m in args.train.split(",") if m]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8}", flush=True)
+    print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8} "
+          f"{'host ms':>8} {'b2b ms':>8}", flush=True)
     for name, train in work:
         eager_ms = None
         for impl in impls:
             try:
-                r = run_one(name, train, impl, args.iters)
+                r = run_one(name, train, impl, args.iters) if args.same_process else \
+                    _run_child(name, train, impl, args)
             except Exception as exc:
                 traceback.print_exc()
                 r = {"model": name, "mode": "train" if train else "infer", "impl": impl,
@@ -225,7 +261,7 @@ def main(argv=None):
             if "ms" in r:
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
-                      f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f}", flush=True)
+                      f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
                 if "top_kernels" in r:
                     print(f"    GPU busy {r['gpu_ms']} ms a call; top kernels (ms, launches a call):")
                     for k, kms, c in r["top_kernels"]:
