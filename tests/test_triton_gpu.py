@@ -316,3 +316,35 @@ def test_an_adamw_step_is_fused_per_parameter_and_updates_in_place():
     assert not any("_foreach" in h or "uncompiled" in h for h in hints), hints
     sched = "\n".join(sched)
     assert sched.count("written in its memory") == 4 * len(shapes), sched
+
+
+def test_a_conv_net_runs_channels_last_with_eager_results():
+    """Convolutions read and write NHWC (channels_last.py): ResNet-18 in inference, fp32 and
+    bf16, inputs NCHW; the logits come back NCHW-dense as eager's, the values match, and
+    the only conversion is the graph's input (one copy kernel, no cuDNN transposes)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18().to(DEV).eval()
+    x = torch.randn(4, 3, 64, 64, device=DEV)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False     # NHWC and NCHW kernels round TF32 differently
+    try:
+        with torch.no_grad():
+            k = check(lambda x: m(x), x, tol=1e-3)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    with torch.no_grad():
+        assert any("channels-last" in h for h in k.hints), k.hints
+        mb = torchvision.models.resnet18().to(DEV, torch.bfloat16).eval()
+        xb = x.to(torch.bfloat16)
+        engine.reset()
+        compiled = engine.compile(lambda x: mb(x))
+        got = compiled(xb)
+        assert got.is_contiguous()
+        assert_close(got, mb(xb), 0.15)
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            compiled(xb)
+            torch.cuda.synchronize()
+        names = [e.key for e in prof.key_averages()]
+        assert not [n for n in names if "nchwToNhwc" in n or "nhwcToNchw" in n], names

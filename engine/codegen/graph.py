@@ -328,14 +328,15 @@ class GraphLowering:
         self.current_node = output_node
 
     def _dense_as_eager(self, value: TensorValue, node) -> TensorValue:
-        """A result the user gets is dense where eager's is (a padded matmul's logits are a
-        view with gaps between rows here: `logits.view(-1, vocab)` would fail on it)."""
+        """A result the user gets is laid out as eager's where eager's is dense (a padded
+        matmul's logits are a view with gaps between rows here: `logits.view(-1, vocab)`
+        would fail on it; a conv net computed channels-last returns NCHW logits)."""
         view, fake = self.as_strided(value), fake_of(node)
         if view is None or not isinstance(fake, torch.Tensor) or \
                 not all(isinstance(x, int) for x in (*fake.shape, *fake.stride())) or \
                 not is_dense(fake.shape, fake.stride()):
             return value
-        if is_dense(view[1].sizes, view[1].strides):
+        if is_dense(view[1].sizes, view[1].strides) and _same_strides(view[1], fake):
             return value
         return self.realize(value, fake, copy=True)
 

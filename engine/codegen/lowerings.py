@@ -314,9 +314,12 @@ def convert_element_type(g, a, dtype):
 
 @register(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
 def identity(g, a, **kw):
+    value = TensorValue(a.sizes, a.dtype, a.device, a.loader)
+    if kw.get("memory_format") is torch.channels_last:    # a copy, laid out as the node's metadata says
+        return g.realize(value, copy=True)
     if kw.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
         return NotImplemented
-    return TensorValue(a.sizes, a.dtype, a.device, a.loader)
+    return value
 
 
 @register(aten.copy.default)
