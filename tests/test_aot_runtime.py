@@ -276,3 +276,36 @@ def test_views_of_outputs_are_rebuilt_from_a_compiler_that_returns_fresh_buffers
     close(flat, (x * 2).view(-1))
     close(row, (x * 2)[0])
     assert flat._base is y
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_inputs_the_guards_pin_are_not_rekeyed_but_aliasing_still_is(backend):
+    """Through engine.compile the capture's guards pin every input's dtype, shape, strides
+    and requires_grad, so the AOT stage keys later calls on what the guards do not see: an
+    input's storage offset and which inputs share memory, where the graph writes an input.
+    The same shapes at other offsets, and two arguments that are views of one buffer, still
+    give eager's results."""
+    import engine
+
+    def pure(x, y):
+        return x * 2 + y
+
+    def writes(x, y):
+        x.add_(1)
+        return x + y
+
+    engine.reset()
+    for fn in (pure, writes):
+        compiled = engine.compile(fn, backend=backend)
+        for make in (lambda: (torch.randn(8), torch.randn(8)),
+                     lambda: (torch.randn(9)[1:], torch.randn(8)),            # another storage offset
+                     lambda: (lambda b: (b[:8], b.view(2, 8)[0]))(torch.randn(16))):   # y is x's memory
+            args = make()
+            want_args = [a.clone() for a in args]
+            if args[1].data_ptr() == args[0].data_ptr():
+                base = want_args[0]
+                want_args = [base, base]
+            want = fn(*want_args)
+            got = compiled(*args)
+            close(got, want)
+            close(args[0], want_args[0])

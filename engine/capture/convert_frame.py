@@ -530,6 +530,10 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     metrics["shape_env_guard_count"] = sum(1 for g in guards if g.kind == "SHAPE_ENV")
     compiled_guards = compile_guards(guards)
     metrics["guard_count"] = len(guards)
+    if graph_call:   # the graph inputs whose metadata these guards pin exactly (the AOT stage keys on the rest)
+        exact = {g.source for g in guards if g.kind == "TENSOR_MATCH"
+                 and None not in g.expected.sizes and None not in g.expected.strides}
+        gm.meta["guarded_inputs"] = frozenset(i for i, src in enumerate(input_sources) if str(src) in exact)
     if observe.enabled("artifact", "bytecode"):
         observe.emit("artifact", {"name": f"{code.co_name}_MODIFIED_BYTECODE", "encoding": "string",
                                   "title": f"MODIFIED BYTECODE {code.co_name} {code.co_filename} "
