@@ -1,8 +1,9 @@
 """mode="reduce-overhead": a compiled graph of CUDA tensors replays as one CUDA graph, so
 the host launches one graph per call instead of each kernel and extern call.
 
-Per graph and input shapes: the first call runs normally (warm-up: cuBLAS and friends set
-up their workspaces outside the capture); the second captures.
+Per compiled graph (each is compiled for static shapes; the AOT stage compiles another
+graph, with its own capture, for new shapes): the first call runs normally (warm-up: cuBLAS
+and friends set up their workspaces outside the capture); the second captures.
 Inputs whose address was the same on both calls (parameters, buffers, the optimizer's
 state) are read in place; the others are copied into static buffers before each replay.
 An in-place input whose address later changes makes a new capture (a few at most, then
@@ -25,7 +26,7 @@ from torch.utils import _pytree as pytree
 
 import observe
 
-MAX_CAPTURES = 8          # per graph: new shapes and in-place inputs that moved, together
+MAX_CAPTURES = 8          # per graph: captures again after in-place inputs moved
 
 
 def _log(level: int, msg: str, *args) -> None:
@@ -58,6 +59,8 @@ class _Capture:
         self.inplace = inplace             # input positions read where they are
         self.graph = torch.cuda.CUDAGraph()
         self.ptrs: dict = {}               # in-place position -> address at capture
+        self.inplace_order: list = []      # the same, as two lists (checked on every replay)
+        self.inplace_ptrs: list = []
         self.buffers: dict = {}            # copied position -> static buffer
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
@@ -80,6 +83,15 @@ class _Out:
         st = storages[self.storage_index]
         return torch.empty((0,), dtype=self.dtype, device=st.device).set_(
             st.untyped_storage(), self.offset, self.size, self.stride)
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _addresses(args, positions: list) -> list:
+    """The addresses of args at positions (one pass in C: replays of a model's graph check
+    hundreds of parameters)."""
+    return list(map(_DATA_PTR, map(args.__getitem__, positions)))
 
 
 def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
@@ -113,8 +125,8 @@ class CudaGraphed:
         self.compiled = compiled
         self.name = name
         self.mutated = mutated             # positions the graph writes: never copied
-        self.first_ptrs: dict = {}         # shape key -> addresses of the warm-up call
-        self.captures: dict = {}           # shape key -> _Capture
+        self.first_ptrs: Optional[dict] = None   # input position -> address at the warm-up call
+        self.capture: Optional[_Capture] = None
         self.n_captures = 0
         self.disabled: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle()
@@ -125,26 +137,26 @@ class CudaGraphed:
     def __call__(self, *args):
         if self.disabled is not None:
             return self.compiled(*args)
-        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
-        cap = self.captures.get(key)
+        # one capture per graph: the graph was compiled for static shapes (the AOT stage
+        # compiles again, another graph, for others), so the inputs' shapes are not re-read
+        cap = self.capture
         if cap is not None:
-            moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
-            if not moved:
+            if _addresses(args, cap.inplace_order) == cap.inplace_ptrs:
                 return self._replay(cap, args)
+            moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
             movable = [i for i in moved if i not in self.mutated]
-            del self.captures[key]
+            self.capture = None
             _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
                  moved, " (they are copied from now on)" if movable else "")
-            return self._capture(key, args, cap.inplace - set(movable))
+            return self._capture(args, cap.inplace - set(movable))
         ptrs = {i: a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
-        first = self.first_ptrs.get(key)
-        if first is None:                  # warm-up: libraries set up their workspaces outside the capture
-            self.first_ptrs[key] = ptrs
+        if self.first_ptrs is None:        # warm-up: libraries set up their workspaces outside the capture
+            self.first_ptrs = ptrs
             return self.compiled(*args)
-        inplace = {i for i, p in ptrs.items() if first.get(i) == p} | set(self.mutated)
-        return self._capture(key, args, inplace)
+        inplace = {i for i, p in ptrs.items() if self.first_ptrs.get(i) == p} | set(self.mutated)
+        return self._capture(args, inplace)
 
-    def _capture(self, key, args, inplace: set):
+    def _capture(self, args, inplace: set):
         if self.n_captures >= MAX_CAPTURES:
             self.disabled = f"captured {MAX_CAPTURES} times (new shapes, or inputs read in place that moved)"
             _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, self.disabled)
@@ -171,10 +183,13 @@ class CudaGraphed:
             return self.compiled(*args)
         flat, cap.spec = pytree.tree_flatten(out)
         _plan_outputs(cap, flat, static)
-        self.captures[key] = cap
+        cap.inplace_order = sorted(cap.ptrs)
+        cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
+        self.capture = cap
         self.n_captures += 1
         _log(logging.INFO, "cudagraphs: %s captured for input shapes %s: %d inputs read in place, %d copied",
-             self.name, [k for k in key if isinstance(k, tuple)], len(cap.ptrs), len(cap.buffers))
+             self.name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], len(cap.ptrs),
+             len(cap.buffers))
         return self._replay(cap, args)
 
     def _replay(self, cap: _Capture, args) -> Any:
