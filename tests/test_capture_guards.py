@@ -191,3 +191,38 @@ def test_two_instances_of_a_module_class_each_get_their_own_layers(capsys):
         torch.testing.assert_close(engine.compile(m, backend="eager")(x), m(x))
         if isinstance(m, _FirstTwo):
             torch.testing.assert_close(f(m, x), m(x))
+
+
+def test_a_dict_read_for_one_key_is_guarded_on_that_key_only():
+    """transformers' config reads `__dict__.get(...)` for one name on every attribute
+    access. The dict's keys are guarded; of its values, only the ones read: changing
+    another attribute reuses the entry, changing the one read compiles again, and a dict
+    walked whole is guarded whole."""
+    class Cfg:
+        def __init__(self):
+            self.scale, self.name, self.depth = 2.0, "bert", 12
+
+    def one_key(x, cfg):
+        return x * cfg.__dict__.get("scale") if "scale" in cfg.__dict__ else x
+
+    def whole(x, d):
+        return x * sum(v for v in d.values())
+
+    x, cfg = torch.randn(3), Cfg()
+    f = engine.compile(one_key, backend="eager")
+    torch.testing.assert_close(f(x, cfg), x * 2.0)
+    cfg.name, cfg.depth = "gpt2", 24
+    torch.testing.assert_close(f(x, cfg), x * 2.0)
+    assert len(entries_of(one_key)) == 1
+    sources = [g.source for g in entries_of(one_key)[0].guards.guards]
+    assert not any("'name'" in s or "'depth'" in s for s in sources), sources
+    cfg.scale = 3.0
+    torch.testing.assert_close(f(x, cfg), x * 3.0)
+    assert len(entries_of(one_key)) == 2
+    del cfg.scale                               # the key is gone: its absence is seen too
+    torch.testing.assert_close(f(x, cfg), x)
+
+    g, d = engine.compile(whole, backend="eager"), {"a": 1.0, "b": 2.0}
+    torch.testing.assert_close(g(x, d), x * 3.0)
+    d["b"] = 5.0
+    torch.testing.assert_close(g(x, d), x * 6.0)

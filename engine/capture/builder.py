@@ -19,6 +19,7 @@ from . import numpy_ops
 from . import optimizers
 from .source import AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
 from .variables import (AutocastVariable, ConstantVariable, DictVariable, FunctionVariable, GradModeVariable,
+                        LazyDictVariable,
                         IteratorVariable, ListVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), range, slice,
@@ -137,11 +138,15 @@ class Builder:
                 raise GraphBreak("GB0011", "dict input with non-constant keys")
             out.add_guard("TYPE_MATCH", source, t)
             out.add_guard("DICT_KEYS", source, tuple(keys))
-            vt = DictVariable({}, source, cls=t)
+            positions = {k: i for i, k in enumerate(keys)}
+
+            def wrap_item(k):
+                return self.wrap(value[k], GetItemSource(source, k) if isinstance(k, (str, int)) else
+                                 DictValueSource(source, positions[k]))
+            vt = LazyDictVariable(value, source, t, wrap_item)
             out.remember(value, vt)
-            vt.items = {k: self.wrap(v, GetItemSource(source, k) if isinstance(k, (str, int)) else
-                                     DictValueSource(source, i)) for i, (k, v) in enumerate(value.items())}
-            optimizers.traced_group_items(value, vt.items, ConstantVariable)
+            if "capturable" in value:    # an optimizer's param group: read whole, as the step does
+                optimizers.traced_group_items(value, vt.items, ConstantVariable)
             return vt
         if t in (set, frozenset) and all(is_constant_value(v) for v in value):
             out.add_guard("EQUALS_MATCH", source, frozenset(value) if t is frozenset else set(value))

@@ -144,6 +144,39 @@ class DictVariable(VariableTracker):
         return self.cls
 
 
+class LazyDictVariable(DictVariable):
+    """A dict from outside the frame whose values are wrapped, and guarded, as they are read:
+    `d.get(k)`, `d[k]` and `k in d` read one key (its presence is pinned by the DICT_KEYS
+    guard on the dict), anything else reads them all. An object's `__dict__` read for one
+    attribute (transformers' config reads `__dict__.get("_heterogeneity_spec")` on every
+    attribute access) no longer guards every attribute."""
+
+    def __init__(self, value: dict, source: Source, cls: type, wrap_item):
+        self._value, self._wrap_item, self._read, self._items = value, wrap_item, {}, None
+        self.source = source
+        self.cls = cls
+
+    @property
+    def items(self) -> dict:
+        if self._items is None:
+            self._items = {k: self.item(k) for k in self._value}
+        return self._items
+
+    @items.setter
+    def items(self, items: dict) -> None:
+        self._items = items
+
+    def has(self, key) -> bool:
+        return key in (self._value if self._items is None else self._items)
+
+    def item(self, key):
+        if self._items is not None:
+            return self._items[key]
+        if key not in self._read:
+            self._read[key] = self._wrap_item(key)
+        return self._read[key]
+
+
 class SetVariable(VariableTracker):
     """A set of Python constants."""
 
