@@ -8,6 +8,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import io
 import itertools
 import math
 import time
@@ -455,3 +456,29 @@ def test_modules_nested_compiled_functions_and_hooks():
     hooked = torch.nn.Linear(4, 4)
     hooked.register_forward_hook(lambda mod, i, o: o * 0)
     assert same(engine.compile(hooked, backend="eager")(X), hooked(X))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_view_made_under_no_grad_whose_base_changed_in_place_crosses_a_break(backend):
+    """Under no_grad, `t = x[:n]` and then `x.relu_()`: autograd refuses to describe t from
+    then on (`t.is_leaf` raises), which broke turning it into a graph input after the next
+    graph break (fuzz seed 84089). Eager uses its values; so does the engine."""
+    sink = io.StringIO()
+
+    def f(x, y):
+        n = int((y > 0).sum())                 # a break: what follows is a resume function
+        t = x[:n + 1]
+        acc = t * 2
+        x.relu_()
+        print("t", t.shape, file=sink)         # another break: t is an input of the next graph
+        return {"acc": acc, "t": t}
+
+    x0 = torch.randn(5, 7, requires_grad=True)
+    x1, x2 = x0.clone(), x0.clone()            # made with grad on: not leaves, requiring grad
+    y = torch.randn(5, 7)
+    with torch.no_grad():
+        want = f(x1, y)
+        got = engine.compile(f, backend=backend)(x2, y)
+    for k in want:      # compared detached: autograd refuses these views in eager too
+        torch.testing.assert_close(got[k].detach(), want[k].detach())
+    torch.testing.assert_close(x2.detach(), x1.detach())
