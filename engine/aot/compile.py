@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import observe
 
 from .errors import AOTAutogradError, BackwardTraceError
-from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, spec_of
+from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, placement_key, spec_of
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
 from .partition import default_saved, extract, joint_parts, split, tensor_bytes
@@ -132,18 +132,9 @@ class AOTCompiled:
         self.by_state[self._guarded_key(flat)] = entry
 
     def _guarded_key(self, flat: list) -> tuple:
-        rest = [spec_of(flat[i]) for i in self.unguarded]
-        if not self.track_aliases:
-            return (torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(), *rest)
-        seen, aliases, offsets = {}, [], []
-        for i, a in enumerate(flat):
-            if isinstance(a, torch.Tensor):
-                off, ptr = a.storage_offset(), a.data_ptr()
-                offsets.append(off)
-                aliases.append(i if ptr == 0 else seen.setdefault((ptr - off * a.itemsize, a.is_cuda), i))
-            else:
-                aliases.append(i)
-        return (torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(), *rest, tuple(aliases), tuple(offsets))
+        key = (torch.is_grad_enabled(), torch._C._is_any_autocast_enabled(),
+               *[spec_of(flat[i]) for i in self.unguarded])
+        return key + placement_key(flat) if self.track_aliases else key
 
     def _key(self, flat: list) -> tuple:
         # Autocast is baked into the traced graph, so it is part of the key.

@@ -131,6 +131,22 @@ def call_key(args: list[Any]) -> tuple:
     return tuple(specs), tuple(aliases)
 
 
+def placement_key(args: list[Any]) -> tuple:
+    """Where the inputs' memory lies, all a graph that writes an input or returns a view of
+    one depends on once their specs are known (guarded): (each input's storage offset, the
+    index of the first input sharing its storage), the same grouping as call_key's."""
+    seen, aliases, offsets = {}, [], []
+    for i, a in enumerate(args):
+        if type(a) is torch.Tensor or type(a) is torch.nn.Parameter:
+            off, ptr = a.storage_offset(), a.data_ptr()
+            offsets.append(off)
+            aliases.append(i if ptr == 0 else seen.setdefault((a.device, ptr - off * a.dtype.itemsize), i))
+        else:
+            offsets.append(None)
+            aliases.append(_alias(a, i, seen))
+    return tuple(offsets), tuple(aliases)
+
+
 def _alias(a: Any, i: int, seen: dict) -> int:
     """The index of the first input sharing a's storage (i if none). Fake inputs never share
     storage here: compile-time examples are taken as distinct."""

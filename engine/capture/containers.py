@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from .builder import wrap_constant
 from .graph_breaks import GraphBreak
-from .variables import (ConstantVariable, DictVariable, DictViewVariable, IteratorVariable, LazyDictVariable,
-                        ListVariable, ObjectVariable, SetVariable,
+from .variables import (ConstantVariable, DictVariable, DictViewVariable, IteratorVariable, ListVariable, ObjectVariable, SetVariable,
                         TupleVariable)
 
 
@@ -119,16 +118,13 @@ def dict_method(tx, d: DictVariable, name, args, kwargs):
         return DictViewVariable([TupleVariable([tx.key_to_vt(k), v]) for k, v in d.items.items()], d, "items")
     if name == "get":
         k = tx.dict_key(args[0])
-        if isinstance(d, LazyDictVariable):
-            return d.item(k) if d.has(k) else args[1] if len(args) > 1 else ConstantVariable(None)
-        if k in d.items:
-            return d.items[k]
+        if d.has(k):
+            return d.item(k)
         return args[1] if len(args) > 1 else ConstantVariable(None)
     if name == "__getitem__":
         return tx.getitem(d, args[0])
     if name == "__contains__":
-        k = tx.dict_key(args[0])
-        return ConstantVariable(d.has(k) if isinstance(d, LazyDictVariable) else k in d.items)
+        return ConstantVariable(d.has(tx.dict_key(args[0])))
     if name == "copy":
         return DictVariable(dict(d.items))
     if name == "__len__":

@@ -37,7 +37,7 @@ from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS,
                          TENSOR_GRAPH_ATTRS, TENSOR_METADATA_METHODS, TENSOR_METHOD_BREAKS, convertible, has_tensor,
                          is_torch_op)
 from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
-                        DictViewVariable, LazyDictVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
+                        DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, PartialVariable,
                         SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 from .variables import ClassStatementVariable, UnbuiltClassVariable
@@ -1096,10 +1096,8 @@ class Frame:
         return False
 
     def contains(self, container, item) -> bool:
-        if isinstance(container, LazyDictVariable):
-            return container.has(self.dict_key(item))
         if isinstance(container, DictVariable):
-            return self.dict_key(item) in container.items
+            return container.has(self.dict_key(item))
         if isinstance(container, SetVariable):
             return self.dict_key(item) in container.items
         if isinstance(container, ConstantVariable) and isinstance(item, ConstantVariable):
@@ -1257,16 +1255,11 @@ class Frame:
                 raise self.exception(IndexError, f"{type(obj).__name__} index out of range") from None
             except TypeError as exc:
                 raise self.exception(TypeError, str(exc)) from None
-        if isinstance(obj, LazyDictVariable):
+        if isinstance(obj, DictVariable):
             k = self.dict_key(idx)
             if not obj.has(k):
                 raise self.exception(KeyError, repr(k))
             return obj.item(k)
-        if isinstance(obj, DictVariable):
-            k = self.dict_key(idx)
-            if k not in obj.items:
-                raise self.exception(KeyError, repr(k))
-            return obj.items[k]
         if isinstance(obj, ConstantVariable):
             return self.const_apply(operator.getitem, [obj.value, self.as_python(idx, "an index")])
         if isinstance(obj, ObjectVariable) and isinstance(obj.value, torch.nn.Module):

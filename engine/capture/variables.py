@@ -143,6 +143,14 @@ class DictVariable(VariableTracker):
     def python_type(self):
         return self.cls
 
+    def has(self, key) -> bool:
+        """`key in d`, reading no value."""
+        return key in self.items
+
+    def item(self, key):
+        """`d[key]` (the key is there)."""
+        return self.items[key]
+
 
 class LazyDictVariable(DictVariable):
     """A dict from outside the frame whose values are wrapped, and guarded, as they are read:
@@ -170,7 +178,7 @@ class LazyDictVariable(DictVariable):
         return key in (self._value if self._items is None else self._items)
 
     def item(self, key):
-        if self._items is not None:
+        if self._items is not None:     # read whole (and maybe changed by the trace) already
             return self._items[key]
         if key not in self._read:
             self._read[key] = self._wrap_item(key)

@@ -158,7 +158,7 @@ class CudaGraphed:
 
     def _capture(self, args, inplace: set):
         if self.n_captures >= MAX_CAPTURES:
-            self.disabled = f"captured {MAX_CAPTURES} times (new shapes, or inputs read in place that moved)"
+            self.disabled = f"captured {MAX_CAPTURES} times (inputs read in place kept moving)"
             _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, self.disabled)
             return self.compiled(*args)
         cap = _Capture(inplace)
