@@ -6,7 +6,7 @@ entry that is still valid. Every call is compared with eager."""
 import torch
 
 import engine
-from engine_helpers import cache_entries as entries, fresh_engine  # noqa: F401 (fresh_engine: autouse)
+from engine_helpers import cache_entries as entries, fresh_engine, logs  # noqa: F401 (fresh_engine: autouse)
 
 
 def check(compiled, eager, *args):
@@ -259,3 +259,22 @@ def test_a_state_entry_keeps_hitting_while_the_state_lasts():
 def test_the_global_state_tuple_matches_the_state_dict():
     from engine.guards.guard import global_state, global_state_tuple
     assert tuple(global_state().values()) == global_state_tuple()
+
+
+def transpose_one_index_other(x, y):
+    y.t_()                                  # when y is x, x's shape changes too
+    x[torch.arange(0, x.shape[0], 2)] = 2
+    return x.shape
+
+
+def test_passing_one_tensor_twice_does_not_reuse_a_graph_traced_for_two():
+    # fuzz seed 200494: the graph for distinct x, y read x.shape as (6, 4) after y.t_()
+    f = engine.compile(transpose_one_index_other, backend="eager")
+    check(f, transpose_one_index_other, torch.randn(6, 4), torch.randn(6, 4))
+    a = torch.randn(6, 4)
+    b = a.clone()
+    with logs("recompiles") as lines:
+        assert f(a, a) == transpose_one_index_other(b, b) == torch.Size([4, 6])
+    torch.testing.assert_close(a, b)
+    assert len(entries(transpose_one_index_other)) == 2
+    assert "check_no_aliasing(L['x'], L['y']): expected distinct tensors, got L['y'] is L['x']" in "\n".join(lines)

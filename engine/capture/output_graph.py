@@ -159,7 +159,16 @@ class OutputGraph:
             self.guards[key] = g
 
     def guard_list(self) -> list[Guard]:
-        return list(self.guards.values())
+        return list(self.guards.values()) + self.aliasing_guards()
+
+    def aliasing_guards(self) -> list[Guard]:
+        """The graph's tensor inputs were distinct objects when traced (one object read through
+        two sources is one input, with a DUPLICATE_INPUT guard): a call that passes one tensor
+        twice must not reuse the graph, whose trace read each input's metadata separately
+        (`y.t_()` then `x.shape`, with y the same tensor as x). Parameters are left out, as
+        under torch.compile: they are rarely passed twice, and models have hundreds."""
+        srcs = tuple(s.name() for s, value, _ in self.inputs if not isinstance(value, torch.nn.Parameter))
+        return [Guard("NO_TENSOR_ALIASING", "", srcs)] if len(srcs) > 1 else []
 
     def remember(self, value, vt) -> None:
         self.memo[id(value)] = vt

@@ -106,6 +106,8 @@ def _condition(g: Guard, i: int, ns: dict, s: Optional[str] = None) -> str:
         return _global_state_test(e, k, ns)
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
+    if g.kind == "NO_TENSOR_ALIASING":
+        return f"len({{{', '.join(f'id({x})' for x in e)}}}) == {len(e)}"
     if g.kind == "SHAPE_ENV":  # a relation between sizes, already Python over L and G (engine/shapes)
         return f"({e})"
     raise ValueError(f"unknown guard kind {g.kind}")
@@ -367,6 +369,14 @@ def explain_guard(g: Guard, i: int, L: dict, G: dict, ns: dict) -> Optional[Guar
         if g.kind == "DUPLICATE_INPUT":
             return GuardFailure(g, f"{text}: expected the same object as {e}, got a different one",
                                 f"the same object as {e}", "a different object")
+        if g.kind == "NO_TENSOR_ALIASING":
+            seen, same = {}, ""
+            for src in e:
+                first = seen.setdefault(id(_eval(src, L, G, ns)), src)
+                if first != src:
+                    same = f"{src} is {first}"
+                    break
+            return GuardFailure(g, f"{text}: expected distinct tensors, got {same}", "distinct tensors", same)
         v = _eval(g.source, L, G, ns)
         if g.kind == "EQUALS_MATCH":
             exp, got = _short(e), _short(v)

@@ -30,8 +30,9 @@ class TensorMeta:
 @dataclasses.dataclass(frozen=True)
 class Guard:
     kind: str            # TENSOR_MATCH, TYPE_MATCH, ID_MATCH, EQUALS_MATCH, LENGTH_CHECK, DICT_KEYS,
-                         # HASATTR, GLOBAL_STATE, DUPLICATE_INPUT
+                         # HASATTR, GLOBAL_STATE, DUPLICATE_INPUT, NO_TENSOR_ALIASING
     source: str          # "L['x']", "G['w']", "L['self'].layer.weight", "" for GLOBAL_STATE
+                         # and NO_TENSOR_ALIASING (whose expected is the tuple of its sources)
     expected: Any        # TensorMeta, a type, an object, a value, a length, a key list, a bool, a dict
     user_frame: Optional[UserFrame] = None
 

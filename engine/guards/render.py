@@ -37,6 +37,8 @@ def expression(g: Guard) -> str:
         return "___check_global_state() against " + ",".join(f"{k}={v}" for k, v in e.items())
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
+    if g.kind == "NO_TENSOR_ALIASING":
+        return f"check_no_aliasing({', '.join(e)})"
     if g.kind == "SHAPE_ENV":
         return str(e)
     return f"{g.kind}({s}, {e!r})"
