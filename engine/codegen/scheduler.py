@@ -240,10 +240,18 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
     decisions: list[str] = []
     counter = 0
 
+    read_names: dict = {}      # id(value) -> (value, the buffers it loads): walked once each
+
+    def names_read(value):
+        hit = read_names.get(id(value))
+        if hit is None or hit[0] is not value:
+            hit = read_names[id(value)] = (value, frozenset(ld.name for ld in V.loads(value)))
+        return hit[1]
+
     def step_reads(s):
         if isinstance(s, ExternKernel):
             return s.reads()
-        return {ld.name for m in s.members for ld in V.loads(m.value)}
+        return set().union(*(names_read(m.value) for m in s.members))
 
     def step_writes(s):
         if isinstance(s, ExternKernel):
@@ -263,7 +271,10 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
         dep_steps = [producer_step[r] for r in reads if r in producer_step]
         earliest = max(dep_steps, default=-1)
         placed = False
+        later_writes: set = set()    # what steps i+1.. write
         for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):
+            if i + 1 < len(steps):
+                later_writes |= step_writes(steps[i + 1])
             s = steps[i]
             if isinstance(s, ExternKernel):
                 continue
@@ -272,8 +283,6 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
                 continue
             relation = "consumer of" if reads & step_writes(s) else "sibling of"
             # moving the node up to step i must not cross a write of something it reads
-            later_writes = set().union(*[step_writes(steps[j]) for j in range(i + 1, len(steps))]) \
-                if i + 1 < len(steps) else set()
             if reads & later_writes:
                 _fusion_log(node.name, s.name, relation, False, "a later step writes one of its inputs")
                 continue
@@ -329,9 +338,12 @@ def _join_scalars(steps, node, earliest: int, step_writes, producer_step) -> boo
     parameter) joins the latest kernel of 0-d values it may move up to: one launch for all
     of them instead of one each."""
     reads = node.reads()
+    later_writes: set = set()
     for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):
+        if i + 1 < len(steps):
+            later_writes |= step_writes(steps[i + 1])
         s = steps[i]
-        if reads & set().union(*[step_writes(steps[j]) for j in range(i + 1, len(steps))]):
+        if reads & later_writes:
             return False
         if isinstance(s, ExternKernel) or s.outer != () or any(m.buf.is_reduction or m.inner != () for m in s.members):
             continue

@@ -22,6 +22,7 @@ arguments; every load and store is masked with the block's bounds, so any size w
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -124,9 +125,16 @@ class _TritonIndexPrinter(IndexPrinter):
 _TL_INDEX = _TritonIndexPrinter()
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def tl_index(e) -> str:
-    """A sympy index expression as Triton/Python integer arithmetic (operands are >= 0)."""
+    """A sympy index expression as Triton/Python integer arithmetic (operands are >= 0).
+    Cached: equal expressions print alike, and sympy's printer is most of a kernel's render time."""
     return _TL_INDEX.print(e)
+
+
+# A kernel-local value is found by buffer and index; two equal index expressions are the same
+# place. Keyed by their text, as sympy prints it (cached: printing is slow).
+_index_key = functools.lru_cache(maxsize=1 << 16)(str)
 
 
 def tl_const(value, dtype) -> str:
@@ -283,7 +291,7 @@ class TritonKernel:
 
     def local(self, name, index, inner="current"):
         """(var, is_r, inner) of a value this kernel computed, if visible in the current phase."""
-        hit = self.locals.get((name, str(index)))
+        hit = self.locals.get((name, _index_key(index)))
         inner = self.cur_inner if inner == "current" else inner
         if hit is None or (hit[1] and hit[2] != inner):
             return None
@@ -328,9 +336,10 @@ class TritonKernel:
     def emit(self, v: V.Value, scope: _Scope, top: _Scope, mask_ctx: tuple = ()) -> str:
         """The variable holding v. Values that do not vary along r are hoisted to `top`."""
         target = scope
-        if scope is not top and not mask_ctx and not self.is_r(v):
+        r = self.is_r(v)
+        if scope is not top and not mask_ctx and not r:
             target = top      # hoisted out of the r loop
-        key = (id(v), mask_ctx, self.cur_inner if self.is_r(v) else None)
+        key = (id(v), mask_ctx, self.cur_inner if r else None)
         for s in (target, top) if target is not top else (top,):
             if key in s.cache:
                 return s.cache[key]
@@ -513,7 +522,7 @@ class TritonKernel:
                     if m.name in self.stored:
                         self.store(m, val, top, False)
                         stored_in_kernel.add(m.name)
-                    self.locals[(m.name, str(m.store_index))] = (val, False, None)
+                    self.locals[(m.name, _index_key(m.store_index))] = (val, False, None)
                 continue
             reads = {ld.name for m in ph.members for ld in V.loads(m.value)
                      if self.local(ld.name, ld.extra, ph.inner) is None}
@@ -640,7 +649,7 @@ class TritonKernel:
                 if m.name in self.stored:
                     self.store(m, val, scope, True)
                     stored_in_kernel.add(m.name)
-                self.locals[(m.name, str(m.store_index))] = (val, val_r, ph.inner)
+                self.locals[(m.name, _index_key(m.store_index))] = (val, val_r, ph.inner)
                 continue
             _, rt, acc, ident, adt = next(a for a in accs if a[0] is m)
             if not val_r:
@@ -685,7 +694,7 @@ class TritonKernel:
             if m.name in self.stored:
                 self.store(m, res, top, False)
                 stored_in_kernel.add(m.name)
-            self.locals[(m.name, str(m.store_index))] = (res, False, None)
+            self.locals[(m.name, _index_key(m.store_index))] = (res, False, None)
 
     def _split_phase(self, top: _Scope, pre, scope: _Scope, accs, rn_s, results):
         """The body's loop covers one split (RSPLIT elements of the row) and stores each
