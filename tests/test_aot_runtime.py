@@ -138,6 +138,20 @@ def test_outputs_that_alias_inputs_are_real_views(backend):
     close(outs[2], base[1])
 
 
+class DetachedThenWritten(torch.nn.Module):
+    def forward(self, x, w):
+        y = x @ w.t()
+        return torch.relu_(y.detach()), y      # the first output shares the second's memory
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_that_requires_grad_is_not_rebuilt_from_one_that_does_not(backend):
+    # fuzz seed 300706: y came back as a view of y.detach(), without requires_grad
+    x, w = torch.randn(4, 6), torch.randn(6, 6, requires_grad=True)
+    _, (relu, y) = run_both(backend, DetachedThenWritten(), [x, w])
+    assert y.requires_grad and not relu.requires_grad
+
+
 class Mixed(torch.nn.Module):
     def forward(self, a, b, n):
         return (a * b).sum(dim=n), a.detach() + 1, (b > 0).sum()

@@ -310,3 +310,28 @@ def test_a_size_returned_is_read_before_the_graph_changes_an_input_shape_in_plac
     compiled = engine.compile(fn, backend="eager")
     for n in (6, 7, 8):   # the second size makes the dim dynamic (one symbol for x and d['a'])
         assert compiled(torch.randn(n, 5), {"a": torch.randn(n, 5)}) == {"a": n}
+
+
+SHIFT = torch.randn(3)
+
+
+def positives_plus_shift(w):
+    return (w[w > 0] + SHIFT) * 2     # broadcasts when one entry is positive
+
+
+def test_an_op_that_would_assume_a_data_dependent_size_breaks_the_graph():
+    # fuzz seed 301212: adding the mask's result (u0 entries) to a 3-vector traced as if
+    # u0 == 3, and the backward failed when one entry was positive
+    for backend in ("aot_eager", "inductor"):
+        engine.reset()
+        f = engine.compile(positives_plus_shift, backend=backend)
+        with logs("graph_breaks") as lines:
+            for rows in ([[-1., 2., 3.], [4., -1., -1.]], [[-1., 2., -3.], [-1., -1., -1.]]):
+                wc = torch.tensor(rows, requires_grad=True)
+                we = torch.tensor(rows, requires_grad=True)
+                got, want = f(wc), positives_plus_shift(we)
+                torch.testing.assert_close(got, want)
+                got.sum().backward()
+                want.sum().backward()
+                torch.testing.assert_close(wc.grad, we.grad)
+        assert any("GB0008" in x and "would assume Eq(u0, 3) of a data-dependent size" in x for x in lines), lines

@@ -204,8 +204,11 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
             dup = len(graph_fakes)
             graph_fakes.append(leaf)
             graph_leaves.append(j)
+        # (not of an output that does not require grad where this one does: a view of it
+        # could not carry this output's gradient, as in `y = x @ w; return y.detach().relu_(), y`)
         owner = next((k for k, prev in enumerate(graph_fakes[:dup]) if _owns_storage(prev)
-                      and StorageWeakRef(prev.untyped_storage()) == ref and prev.dtype == leaf.dtype), None)
+                      and StorageWeakRef(prev.untyped_storage()) == ref and prev.dtype == leaf.dtype
+                      and (prev.requires_grad or not rg)), None)
         base_layout = (tuple(graph_fakes[owner].shape), tuple(graph_fakes[owner].stride())) if owner is not None else ()
         if owner is not None:
             # A view of another output (`return y, y.view(-1)`): rebuilt as a real view of

@@ -104,7 +104,11 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
     if leaked:
         raise AssertionError(f"partition leaves primals {[n.name for n in leaked]} unsaved but needed by the backward")
     saved = [n for n in saved if n in bw_nodes]          # a partitioner may over-approximate
-    forward = extract(joint, parts.primals, parts.forward_outputs + saved, "forward")
+    # runtime asserts (on data-dependent sizes, engine/shapes/runtime_asserts.py) run in the
+    # forward, where their sizes are known; nothing consumes them, so nothing else keeps them
+    checks = [n for n in parts.graph.nodes if n.op == "call_function" and n.target in _SIDE_EFFECTS
+              and n not in parts.tangent_dependent]
+    forward = extract(joint, parts.primals, parts.forward_outputs + saved, "forward", keep=checks)
     if any(n in mutated_primals for n in saved):
         _clone_saved_inputs(forward, len(parts.forward_outputs), [n in mutated_primals for n in saved])
     backward = extract(joint, saved + parts.tangents, parts.grad_outputs, "backward")
@@ -130,16 +134,20 @@ def _clone_saved_inputs(forward: torch.fx.GraphModule, num_outputs: int, which: 
     forward.recompile()
 
 
-def extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str) -> torch.fx.GraphModule:
+_SIDE_EFFECTS = torch.fx.node._side_effectful_functions
+
+
+def extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,
+            keep: Iterable = ()) -> torch.fx.GraphModule:
     """A flat graph (inputs as placeholders in order, a tuple of outputs) with the joint
-    nodes the outputs need, in the joint's order."""
+    nodes the outputs (and the `keep` nodes) need, in the joint's order."""
     graph = torch.fx.Graph()
     env: dict = {}
     for node in inputs:
         p = graph.placeholder(node.name)
         p.meta = dict(node.meta)
         env[node] = p
-    needed = ancestors(outputs, stop=set(inputs))
+    needed = ancestors(list(outputs) + list(keep), stop=set(inputs))
     for node in joint.graph.nodes:
         if node in needed and node not in env:
             if node.op == "placeholder":

@@ -472,6 +472,7 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         compiled_name = f"__compiled_fn_{_compiled_fn_counter[0]}"
         gm = torch.fx.GraphModule(_GraphRoot(out.constant_tensors), graph)
         gm.meta = {"compiled_name": compiled_name}
+        shapes.insert_runtime_asserts(gm, out.fake_mode.shape_env, compiled_name)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         input_sources = [n.meta["source"] for n in placeholders]
         real_inputs = [_eval_source(s, frame, out) for s in input_sources]

@@ -11,6 +11,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
 from ..guards import Guard, TensorMeta, global_state
 from .. import config
@@ -47,6 +48,14 @@ _UNDECLARED_WRITES = {
     "aten::cudnn_batch_norm": ((3, 4), lambda args: len(args) > 5 and bool(args[5])),
     "aten::miopen_batch_norm": ((3, 4), lambda args: len(args) > 5 and bool(args[5])),
 }
+
+
+def _assumptions(env) -> list:
+    """The runtime asserts the shape environment holds (each an assumption about a
+    data-dependent size that tracing made)."""
+    if env is None:
+        return []
+    return [a for asserts in env.deferred_runtime_asserts.values() for a in asserts]
 
 
 class _WriteRecorder(TorchDispatchMode):
@@ -244,6 +253,8 @@ class OutputGraph:
         tensors = [t for t in pytree.tree_leaves((fargs, fkwargs)) if isinstance(t, torch.Tensor)]
         versions = [_version(t) for t in tensors]
         recorder = _WriteRecorder()
+        env = self.fake_mode.shape_env
+        assumed = _assumptions(env)
         try:
             with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), recorder, \
                     autocastmod.applied(self.autocast) if self.autocast else _NO_CONTEXT:
@@ -258,6 +269,13 @@ class OutputGraph:
         except Exception as exc:
             raise GraphBreak("GB0009", f"{_target_name(target)} raised {type(exc).__name__}: "
                                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        if _assumptions(env) != assumed:
+            # The op only traces by assuming something of a data-dependent size (t[t > 0] + a
+            # 3-vector: u0 == 3, since a 1 would broadcast); the graph would be wrong, or fail,
+            # for the sizes the data gives. It runs eagerly instead, as under torch.compile,
+            # which breaks at the op that made the size.
+            new = [str(a.expr) for asserts in env.deferred_runtime_asserts.values() for a in asserts][len(assumed):]
+            raise GraphBreak("GB0008", f"{_target_name(target)} would assume {', '.join(new)} of a data-dependent size")
         pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
         proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)
         proxy.node.meta["example_value"] = result
@@ -268,6 +286,11 @@ class OutputGraph:
         proxy.node.meta["stack_trace"] = self._stack_trace()
         if self.checkpoint_region is not None:
             checkpoint.tag(proxy.node, self.checkpoint_region)
+        if env is not None and env.pending_fresh_unbacked_symbols:
+            # where each data-dependent size (u0) comes from: the runtime asserts on it go there
+            bindings = compute_unbacked_bindings(env, result)
+            if bindings:
+                proxy.node.meta["unbacked_bindings"] = bindings
         self._note_unbacked_sizes(proxy, result)
         return proxy, result
 
