@@ -323,3 +323,27 @@ def test_inputs_the_guards_pin_are_not_rekeyed_but_aliasing_still_is(backend):
             got = compiled(*args)
             close(got, want)
             close(args[0], want_args[0])
+
+
+def test_the_generated_code_does_not_recheck_the_layout_of_inputs_the_guards_pin():
+    """A model's parameters and a static input are pinned by the capture's guards, so the
+    generated wrapper reads them as they are; a new layout (a transposed input) fails the
+    guards and recompiles, with eager's result."""
+    import engine
+    from engine_helpers import logs
+
+    lin = torch.nn.Linear(6, 6)
+
+    def fn(x):
+        with torch.no_grad():
+            return torch.relu(lin(x)) * 2
+
+    engine.reset()
+    compiled = engine.compile(fn, backend="inductor")
+    x = torch.randn(6, 6)
+    with logs("output_code") as code:
+        close(compiled(x), fn(x))
+    text = "\n".join(code)
+    assert "def call(" in text and "expect_input(" not in text.split("def call(")[1], text[-2000:]
+    x = torch.randn(6, 6).t()
+    close(compiled(x), fn(x))

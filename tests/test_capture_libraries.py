@@ -687,3 +687,63 @@ def test_multihead_attention_takes_its_composite_path_as_under_torch_compile():
     torch.testing.assert_close(got, f(x))
     assert len(graphs) == 1 and "multi_head_attention_forward" in graphs[0], graphs
     assert "_native_multi_head_attention" not in graphs[0]
+
+
+def _one_graph(fn, *args):
+    """fn compiled: (its result, the op names of each graph)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append([getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm
+
+    engine.reset()
+    return engine.compile(fn, backend=backend, fullgraph=True)(*args), graphs
+
+
+def test_torch_python_apis_trace_as_under_torch_compile():
+    """Python in torch over torch ops (low-rank SVD, a loss given a distance function, a
+    torch.library custom op, an options dataclass) is one graph, as under torch.compile
+    (PyTorch's OpInfo samples found each as "no graph" here)."""
+    a = torch.randn(6, 4)
+
+    def lowrank(a):
+        u, s, v = torch.svd_lowrank(a, q=4)     # random projections: compare the product
+        return u @ torch.diag(s) @ v.T
+    got, graphs = _one_graph(lowrank, a)
+    torch.testing.assert_close(got, a, atol=1e-4, rtol=1e-4)
+    assert len(graphs) == 1 and any("qr" in op for op in graphs[0]), graphs
+
+    anchor, pos, neg = torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 5)
+
+    def triplet(a, p, n):
+        return torch.nn.functional.triplet_margin_with_distance_loss(
+            a, p, n, distance_function=lambda x, y: (x - y).abs().sum(-1), margin=0.5)
+    got, graphs = _one_graph(triplet, anchor, pos, neg)
+    torch.testing.assert_close(got, triplet(anchor, pos, neg))
+    assert len(graphs) == 1
+
+    @torch.library.custom_op("enginetest::scaled_sin", mutates_args=())
+    def scaled_sin(x: torch.Tensor, k: float) -> torch.Tensor:
+        return torch.sin(x) * k
+
+    @scaled_sin.register_fake
+    def _(x, k):
+        return torch.empty_like(x)
+
+    x = torch.randn(5)
+    got, graphs = _one_graph(lambda x: scaled_sin(x, 2.0) + 1, x)
+    torch.testing.assert_close(got, torch.sin(x) * 2 + 1)
+    assert len(graphs) == 1 and any("scaled_sin" in op for op in graphs[0]), graphs
+
+
+@pytest.mark.skipif(not hasattr(torch.nn.functional, "linear_cross_entropy"), reason="torch without linear_cross_entropy")
+def test_linear_cross_entropy_with_its_options_dataclass_is_one_graph():
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    x, w, y = torch.randn(8, 4), torch.randn(10, 4), torch.randint(0, 10, (8,))
+
+    def loss(x, w, y):
+        return torch.nn.functional.linear_cross_entropy(x, w, y, options=LinearCrossEntropyOptions())
+    got, graphs = _one_graph(loss, x, w, y)
+    torch.testing.assert_close(got, loss(x, w, y))
+    assert len(graphs) == 1

@@ -335,3 +335,24 @@ def test_an_op_that_would_assume_a_data_dependent_size_breaks_the_graph():
                 want.sum().backward()
                 torch.testing.assert_close(wc.grad, we.grad)
         assert any("GB0008" in x and "would assume Eq(u0, 3) of a data-dependent size" in x for x in lines), lines
+
+
+def three_positives_doubled(w):
+    t = w[w > 0]
+    torch._check(t.shape[0] == 3)      # the user's promise about a data-dependent size
+    return t * 2
+
+
+def test_torch_check_on_a_data_dependent_size_is_checked_in_the_graph():
+    f = engine.compile(three_positives_doubled, backend="aot_eager")
+    w = torch.tensor([[-1., 2., 3.], [4., -1., -1.]])
+    with logs("graph_breaks") as lines:
+        torch.testing.assert_close(f(w), three_positives_doubled(w))
+    assert lines == [] and len(entries(three_positives_doubled)) == 1
+    two = torch.tensor([[-1., 2., 3.], [-4., -1., -1.]])
+    for fn in (three_positives_doubled, f):     # eager raises, and so does the graph
+        try:
+            fn(two)
+            raise AssertionError(f"{fn} accepted two positives")
+        except RuntimeError:
+            pass

@@ -22,7 +22,7 @@ from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, placement_key, spec_of
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
-from .partition import default_saved, extract, joint_parts, split, tensor_bytes
+from .partition import default_saved, extract, joint_parts, runtime_checks, split, tensor_bytes
 from .readable import readable
 from .runtime import EagerFallback, InferenceEntry, TrainingEntry
 from .trace import Tracer, output_nodes, placeholders
@@ -196,6 +196,10 @@ class AOTCompiled:
             return EagerFallback(self.gm, self.num_user, meta.fallback_reason)
         observe.log("aot", logging.DEBUG, "metadata:\n%s", meta.describe())
         tracer = Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
+        # The trace takes fresh fakes: the metadata pass's fakes remember their data-dependent
+        # sizes (`nonzero`'s u0), already settled by the graph's runtime asserts, and an assert
+        # on a settled size is traced as a constant and lost.
+        fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
         if training:
             return self._build_training(tracer, meta, fakes, flat, gid)
         return self._build_inference(tracer, meta, fakes, gid, inputs_alias)
@@ -203,10 +207,12 @@ class AOTCompiled:
     def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int, inputs_alias: bool):
         with observe.stage("aot_trace_inference_graph"):
             traced = tracer.trace_inference(fakes)
-        graph = extract(traced, placeholders(traced), output_nodes(traced), "inference")
+        graph = extract(traced, placeholders(traced), output_nodes(traced), "inference",
+                        keep=runtime_checks(traced.graph))
         observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},
                      payload=lambda: readable(graph), log="aot_graphs")
         graph.meta["aot_graph"] = ("inference", gid)   # kernel provenance names the graph
+        graph.meta["pinned_inputs"] = self.gm.meta.get("guarded_inputs", frozenset())
         if not inputs_alias:
             # A compiler may write these outputs into the inputs' memory (and return the
             # inputs): an optimizer step then updates its parameters where they are.
@@ -259,6 +265,7 @@ class AOTCompiled:
         observe.emit("aot_backward_graph", {"title": f"===== Backward graph {gid} =====", **saved_md},
                      payload=lambda: readable(chosen.backward), log="aot_graphs")
         chosen.forward.meta["aot_graph"] = ("forward", gid)
+        chosen.forward.meta["pinned_inputs"] = self.gm.meta.get("guarded_inputs", frozenset())   # primals first
         chosen.forward.meta["user_outputs"] = len(parts.forward_outputs)   # then what backward saves
         chosen.backward.meta["aot_graph"] = ("backward", gid)
         with observe.stage("aot_compile_forward"):

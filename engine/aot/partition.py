@@ -106,9 +106,8 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
     saved = [n for n in saved if n in bw_nodes]          # a partitioner may over-approximate
     # runtime asserts (on data-dependent sizes, engine/shapes/runtime_asserts.py) run in the
     # forward, where their sizes are known; nothing consumes them, so nothing else keeps them
-    checks = [n for n in parts.graph.nodes if n.op == "call_function" and n.target in _SIDE_EFFECTS
-              and n not in parts.tangent_dependent]
-    forward = extract(joint, parts.primals, parts.forward_outputs + saved, "forward", keep=checks)
+    forward = extract(joint, parts.primals, parts.forward_outputs + saved, "forward",
+                      keep=runtime_checks(parts.graph, parts.tangent_dependent))
     if any(n in mutated_primals for n in saved):
         _clone_saved_inputs(forward, len(parts.forward_outputs), [n in mutated_primals for n in saved])
     backward = extract(joint, saved + parts.tangents, parts.grad_outputs, "backward")
@@ -134,7 +133,11 @@ def _clone_saved_inputs(forward: torch.fx.GraphModule, num_outputs: int, which: 
     forward.recompile()
 
 
-_SIDE_EFFECTS = torch.fx.node._side_effectful_functions
+def runtime_checks(graph: torch.fx.Graph, exclude: set = frozenset()) -> list:
+    """The graph's asserts (`aten._assert_scalar` on data-dependent sizes): nothing consumes
+    them, so the graphs extracted from a trace keep them explicitly."""
+    effects = torch.fx.node._side_effectful_functions
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in effects and n not in exclude]
 
 
 def extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,

@@ -24,7 +24,7 @@ from .. import config, markers
 from ..distributed import collectives, ddp
 from . import autocast as autocastmod
 from . import autograd_function, checkpoint, higher_order
-from . import numpy_ops, optimizers, runtime, scan, skipfiles
+from . import numpy_ops, optimizers, runtime, scalars, scan, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
@@ -59,7 +59,8 @@ def _inlinable_torch(fn) -> bool:
         return True  # plain Python over checkpoint(), which the capture traces (capture/checkpoint.py)
     # torch.utils._contextlib, torch.amp.autocast_mode: `@torch.no_grad()`, `@torch.autocast(...)` as decorators
     # torch.masked and torch.signal.windows: Python over torch ops, traced as torch.compile traces them
-    return mod.startswith(("torch.nn.modules", "torch.nn.utils.parametrize", "torch.masked", "torch.signal")) or \
+    return mod.startswith(("torch.nn.modules", "torch.nn.utils.parametrize", "torch.masked", "torch.signal",
+                           "torch._lowrank", "torch._linalg_utils")) or \
         mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib", "torch.amp.autocast_mode")
 
 
@@ -267,6 +268,10 @@ def inline_code(tx, code, f_globals, globals_source, defaults, kwdefaults, closu
 
 def call_torch_op(tx, fn, args, kwargs):
     if not convertible(args, kwargs):
+        if isinstance(fn, types.FunctionType) and fn.__module__ == "torch.nn.functional":
+            # Python over torch ops, given a callable (triplet_margin_with_distance_loss's
+            # distance_function): traced through, as torch.compile does
+            return inline_user_function(tx, fn, args, kwargs, None)
         raise GraphBreak("GB0011", f"{getattr(fn, '__name__', fn)} called with unsupported argument types")
     scaled = optimizers.foreach_scaled_by_tensor(tx, fn, args, kwargs)
     if scaled is not None:
@@ -369,6 +374,9 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
     call = getattr(type(fn), "__call__", None)
     if isinstance(call, types.FunctionType) and not _is_torch(type(fn)):
         return call_python_function(tx, call, [fnv] + list(args), kwargs, None)
+    overload = getattr(fn, "_opoverload", None)
+    if isinstance(overload, torch._ops.OpOverload):   # a torch.library.custom_op: the op it registered
+        return call_torch_op(tx, overload, args, kwargs)
     raise GraphBreak("GB0013", f"call of {type(fn).__name__}")
 
 
@@ -515,7 +523,11 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
     if isinstance(cls, type) and issubclass(cls, torch.nn.Module):
         return make_stateless_module(tx, cls, args, kwargs)
     if _is_torch(cls) or cls in (torch.Tensor, torch.nn.Parameter):
-        if cls in (torch.device, torch.dtype, torch.Size, torch.finfo, torch.iinfo) or issubclass(cls, torch.Size):
+        # (and torch's frozen option dataclasses, LinearCrossEntropyOptions(...): plain values)
+        frozen = dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen and \
+            all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values())
+        if cls in (torch.device, torch.dtype, torch.Size, torch.finfo, torch.iinfo) or issubclass(cls, torch.Size) \
+                or frozen:
             return tx.const_apply(cls, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
         raise GraphBreak("GB0013", f"construction of {cls.__module__}.{cls.__qualname__}")
     # a metaclass that does not change how instances are made (ABCMeta) builds them as type does
@@ -1210,6 +1222,25 @@ def _autocast_query(fn):
 
 for _k, _v in _state_queries().items():
     SPECIAL_FUNCTIONS[_k] = _v
+def torch_check(tx, args, kwargs):
+    """`torch._check(cond)`: true at trace time, nothing to do; on a data-dependent size
+    (`torch._check(t.shape[0] == 3)` after `t = x[x > 0]`), the shape environment takes it
+    as a fact and the graph checks it where the size is known (engine/shapes/runtime_asserts.py);
+    false, or on a tensor, it runs eagerly (where eager raises)."""
+    cond = args[0] if args else kwargs.get("cond")
+    value = cond.value if isinstance(cond, ConstantVariable) else None
+    if value is True:
+        return ConstantVariable(None)
+    if isinstance(value, torch.SymBool) and scalars.is_unbacked(value):
+        torch._check(value)
+        return ConstantVariable(None)
+    if isinstance(value, torch.SymBool):
+        if tx.as_python(cond, "torch._check's condition"):   # guarded, like `if n == 3:`
+            return ConstantVariable(None)
+    raise GraphBreak("GB0012", "torch._check of a condition that is not true at trace time")
+
+
+SPECIAL_FUNCTIONS[torch._check] = torch_check
 SPECIAL_FUNCTIONS[autograd_function.APPLY] = autograd_function.call_apply
 SPECIAL_FUNCTIONS[torch.utils.checkpoint.checkpoint] = checkpoint.call_checkpoint
 SPECIAL_FUNCTIONS.update(higher_order.special_functions())  # torch.cond, torch.func.*

@@ -273,6 +273,7 @@ def _finish_metrics(metrics, start, restart_time, frame_id, compile_index, attem
 def _top_frame(fn, L, G, breakpoint):
     code = fn.__code__
     out = OutputGraph(code, G)
+    out.frame_values = (L, G)   # what guard sources read at compile time (SharedPrefixes)
     builder = out.builder
     local_vars = {}
     cells = {}
@@ -476,6 +477,11 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         input_sources = [n.meta["source"] for n in placeholders]
         real_inputs = [_eval_source(s, frame, out) for s in input_sources]
+        # the graph inputs whose metadata the guards pin exactly: the AOT stage neither re-keys
+        # them nor the generated code re-checks them (known before the backend compiles)
+        exact = {g.source for g in shapes.relax_tensor_match(out.guard_list(), out.inputs)
+                 if g.kind == "TENSOR_MATCH" and None not in g.expected.sizes and None not in g.expected.strides}
+        gm.meta["guarded_inputs"] = frozenset(i for i, src in enumerate(input_sources) if str(src) in exact)
         _emit_graph(gm, compiled_name, code)
         metrics["graph_op_count"] = op_count
         metrics["graph_node_count"] = len(graph.nodes)
@@ -494,7 +500,7 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         metrics["backend_compile_time_s"] = round(time.time() - t0, 6)
         ns_graph[compiled_name] = compiled
         out.output_index = {n: i for i, n in enumerate(output_nodes)}
-        shared = SharedPrefixes()
+        shared = SharedPrefixes(_source_lookup(out))
         graph_call = f"__o = {compiled_name}({', '.join(shared.expression(str(s)) for s in input_sources)})"
     else:
         out.output_index = {}
@@ -529,12 +535,8 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     transformed = cg.ns[fname]
     guards = shapes.finalize_guards(out)  # tensor matches relaxed at symbolic dims, plus the shape guards
     metrics["shape_env_guard_count"] = sum(1 for g in guards if g.kind == "SHAPE_ENV")
-    compiled_guards = compile_guards(guards)
+    compiled_guards = compile_guards(guards, _source_lookup(out))
     metrics["guard_count"] = len(guards)
-    if graph_call:   # the graph inputs whose metadata these guards pin exactly (the AOT stage keys on the rest)
-        exact = {g.source for g in guards if g.kind == "TENSOR_MATCH"
-                 and None not in g.expected.sizes and None not in g.expected.strides}
-        gm.meta["guarded_inputs"] = frozenset(i for i, src in enumerate(input_sources) if str(src) in exact)
     if observe.enabled("artifact", "bytecode"):
         observe.emit("artifact", {"name": f"{code.co_name}_MODIFIED_BYTECODE", "encoding": "string",
                                   "title": f"MODIFIED BYTECODE {code.co_name} {code.co_filename} "
@@ -553,6 +555,15 @@ class _GraphRoot(torch.nn.Module):
                 self.register_parameter(k, v)
             else:
                 self.register_buffer(k, v, persistent=False)
+
+
+def _source_lookup(out):
+    """A source's value in the frame being compiled (None where the capture has no frame)."""
+    values = getattr(out, "frame_values", None)
+    if values is None:
+        return None
+    namespace = {"L": values[0], "G": values[1], "sys": sys}
+    return lambda source: eval(source, namespace)
 
 
 def _eval_source(src_text, frame, out):

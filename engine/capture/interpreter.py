@@ -411,6 +411,12 @@ class Frame:
             absolute = name
         loaded = [absolute] + [f"{absolute}.{f}" for f in (fromlist or ())
                                if not hasattr(sys.modules.get(absolute), f)]
+        if not all(m in sys.modules for m in loaded) and absolute.startswith("torch."):
+            # torch's own lazy imports (F.linear_cross_entropy imports its implementation on
+            # first use): importing registers ops, which eager would do at the same point
+            import importlib
+            importlib.import_module(absolute)
+            loaded = [m for m in loaded if m == absolute or not hasattr(sys.modules[absolute], m.rpartition(".")[2])]
         if not all(m in sys.modules for m in loaded):
             raise GraphBreak("GB0011", f"import of {absolute!r}, not yet imported (its first import runs code)")
         self.popn(2)

@@ -121,6 +121,7 @@ class OutputGraph:
         self.unbacked_sizes: dict = {}  # data-dependent size symbol -> (proxy, output index, dim, SymInt)
         self.builder = Builder(self)
         self.guards: dict[Any, Guard] = {}
+        self.frame_values: Optional[tuple] = None   # (L, G) of a top frame: guard sources read there
         self.memo: dict[int, VariableTracker] = {}
         self._keepalive: list = []
         self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []

@@ -80,7 +80,8 @@ def graph_key(gm, example_inputs) -> str:
             meta.append((str(x.dtype), tuple(map(str, x.shape)), tuple(map(str, x.stride()))))
         else:
             meta.append(repr(type(x)))
-    writes = repr((sorted(gm.meta.get("mutated_inputs", {}).items()), gm.meta.get("user_outputs")))
+    writes = repr((sorted(gm.meta.get("mutated_inputs", {}).items()), gm.meta.get("user_outputs"),
+                   sorted(gm.meta.get("pinned_inputs", ()))))
     return hashlib.sha256((gm.code + repr(meta) + writes).encode()).hexdigest()[:16]
 
 

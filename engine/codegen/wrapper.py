@@ -103,9 +103,12 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
             body.append(f"{sym} = arg{i}.stride({d})")
         else:
             body.append(f"{sym} = arg{i}")
+    # inputs whose exact layout the capture's guards check before every call (the AOT stage's
+    # gm.meta["pinned_inputs"]) need no second check here
+    pinned = {f"arg{i}" for i in g.gm.meta.get("pinned_inputs", ())}
     for b in tensor_inputs:
         lay = b.layout
-        if len(lay.sizes) >= 1:
+        if len(lay.sizes) >= 1 and b.name not in pinned:
             body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
                         f"{b.name in g.mutated_inputs})")
     reused = set(sched.reuse.values())

@@ -225,14 +225,15 @@ class SharedPrefixes:
     the order they were asked for: guards run in order and return at the first failure, and
     a graph call's arguments are evaluated left to right."""
 
-    def __init__(self):
+    def __init__(self, lookup: Optional[Callable[[str], Any]] = None):
         self.names: dict = {}
+        self.lookup = lookup     # source -> its value at compile time (to read modules' dicts directly)
 
     def expression(self, source: str) -> str:
         chain = _chain(source)
         if chain is None:
             return source
-        text = None
+        text, prev = None, None
         for prefix, render in chain:
             name = self.names.get(prefix)
             if name is not None:
@@ -240,14 +241,60 @@ class SharedPrefixes:
             elif render is None:
                 text = prefix      # the head: a dict lookup already
             else:
+                slot = self._module_slot(prev, prefix) if self.lookup is not None else None
                 name = self.names[prefix] = f"___p{len(self.names)}"
-                text = f"({name} := {render(text)})"
+                text = f"({name} := {text}{slot})" if slot else f"({name} := {render(text)})"
+            prev = prefix
         return text
 
+    def _module_slot(self, parent_source: str, source: str) -> Optional[str]:
+        """`._modules['layer1']` for the step `.layer1` (`._parameters['weight']`,
+        `._buffers[...]`; `getattr(m, '0')` or `[0]` of a ModuleList or Sequential:
+        `._modules['0']`) where the parent is an nn.Module that holds the name there and
+        nothing shadows it: a dict read instead of Module.__getattr__ (a Python call that
+        runs after normal lookup fails), as PyTorch's own guards read modules. A module that
+        later holds it elsewhere fails the guard (KeyError), which recompiles."""
+        name, index = _step_of(parent_source, source)
+        if name is None and index is None:
+            return None
+        try:
+            parent = self.lookup(parent_source)
+        except Exception:
+            return None
+        if not isinstance(parent, torch.nn.Module):
+            return None
+        if index is not None:
+            keys = list(parent._modules)
+            if not isinstance(parent, (torch.nn.Sequential, torch.nn.ModuleList)) or \
+                    keys != [str(i) for i in range(len(keys))] or index >= len(keys):
+                return None
+            return f"._modules[{str(index)!r}]"
+        if name in vars(parent) or hasattr(type(parent), name):
+            return None
+        for slot in ("_parameters", "_buffers", "_modules"):
+            if name in vars(parent).get(slot, {}):
+                return f".{slot}[{name!r}]"
+        return None
 
-def compile_guards(guards: list[Guard]) -> CompiledGuards:
+
+def _step_of(parent_source: str, source: str) -> tuple:
+    """(attribute name, None) or (None, index) of the last step from parent_source to source
+    (`.layer1`, `getattr(..., '0')`, `[2]`); (None, None) for any other step."""
+    g = re.fullmatch(r"getattr\((.*), '([^'\\]*)'\)", source)
+    if g is not None:
+        return (g.group(2), None) if g.group(1) == parent_source else (None, None)
+    if not source.startswith(parent_source):
+        return None, None
+    m = re.fullmatch(r"\.([A-Za-z_]\w*)|\[(\d+)\]", source[len(parent_source):])
+    if m is None:
+        return None, None
+    return (m.group(1), None) if m.group(1) else (None, int(m.group(2)))
+
+
+def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] = None) -> CompiledGuards:
+    """lookup: a source's value in the frame being compiled (SharedPrefixes)."""
     ns = _base_namespace()
-    shared = SharedPrefixes()
+    shared = SharedPrefixes(lookup)
     conds = [_condition(g, i, ns, shared.expression(g.source) if g.source else None) for i, g in enumerate(guards)]
     body = "\n".join(f"        if not ({c}):\n            return False" for c in conds) or "        pass"
     code = ("def ___check_guards(L, G):\n"
