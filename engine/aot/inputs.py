@@ -131,10 +131,21 @@ def call_key(args: list[Any]) -> tuple:
     return tuple(specs), tuple(aliases)
 
 
+_OFFSET, _DATA_PTR, _ITEMSIZE = torch.Tensor.storage_offset, torch.Tensor.data_ptr, torch.Tensor.element_size
+
+
 def placement_key(args: list[Any]) -> tuple:
     """Where the inputs' memory lies, all a graph that writes an input or returns a view of
     one depends on once their specs are known (guarded): (each input's storage offset, the
     index of the first input sharing its storage), the same grouping as call_key's."""
+    if all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
+        # the common case, in C-level maps (an optimizer step's 600 inputs: 1.8 -> 0.3 ms):
+        # every input on its own storage
+        offsets = tuple(map(_OFFSET, args))
+        ptrs = list(map(_DATA_PTR, args))
+        if 0 not in ptrs and len(set(map(operator.sub, ptrs, map(operator.mul, offsets, map(_ITEMSIZE, args))))) \
+                == len(args):
+            return offsets, tuple(range(len(args)))
     seen, aliases, offsets = {}, [], []
     for i, a in enumerate(args):
         if type(a) is torch.Tensor or type(a) is torch.nn.Parameter:

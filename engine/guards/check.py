@@ -295,7 +295,15 @@ def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] =
     """lookup: a source's value in the frame being compiled (SharedPrefixes)."""
     ns = _base_namespace()
     shared = SharedPrefixes(lookup)
-    conds = [_condition(g, i, ns, shared.expression(g.source) if g.source else None) for i, g in enumerate(guards)]
+    conds, bound = [], {}     # bound: source -> the name its TENSOR_MATCH test binds (___t3)
+    for i, g in enumerate(guards):
+        if g.kind == "NO_TENSOR_ALIASING":   # the tensors the guards before it already read
+            ids = ", ".join(f"id({bound.get(src) or shared.expression(src)})" for src in g.expected)
+            conds.append(f"len({{{ids}}}) == {len(g.expected)}")
+            continue
+        conds.append(_condition(g, i, ns, shared.expression(g.source) if g.source else None))
+        if g.kind == "TENSOR_MATCH":
+            bound[g.source] = f"___t{i}"
     body = "\n".join(f"        if not ({c}):\n            return False" for c in conds) or "        pass"
     code = ("def ___check_guards(L, G):\n"
             "    try:\n"
