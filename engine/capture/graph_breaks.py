@@ -58,9 +58,12 @@ KINDS: list[GraphBreakKind] = [
     GraphBreakKind(
         "GB0008", "Operator has a data-dependent output shape",
         "The output shape of the operator depends on tensor values (e.g. `nonzero`, boolean "
-        "masking), which the capture cannot know before run time.",
-        "Use a fixed-shape formulation (`torch.where(mask, x, 0)` instead of `x[mask]`), or "
-        "accept the break."),
+        "masking), which the capture cannot know before run time; or an operator on such a "
+        "size would trace only by assuming its value (`x[mask] + w` assumes the mask keeps "
+        "exactly w's length, where 1 would broadcast).",
+        "Use a fixed-shape formulation (`torch.where(mask, x, 0)` instead of `x[mask]`), state "
+        "the size with `torch._check(t.shape[0] == n)` (checked when the graph runs), or accept "
+        "the break."),
     GraphBreakKind(
         "GB0009", "Operator failed on fake tensors",
         "Running the operator on FakeTensors (shape propagation) raised an error; the call is run "
