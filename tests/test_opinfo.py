@@ -66,6 +66,10 @@ def test_opinfo_sweep_compares_and_classifies():
     assert s.compare(torch.ones(3), torch.ones(3), "values", 1.3e-6, 1e-5) is None
     assert "max abs diff" in s.compare(torch.ones(3), torch.tensor([1., 2., 1.]), "values", 1.3e-6, 1e-5)
     assert s.compare(torch.ones(3), torch.zeros(3), "meta", 0, 0) is None
+    # swept under int64 (exact), a float result keeps its float tolerance; an int one stays exact
+    assert s.compare(torch.tensor([0.576117]), torch.tensor([0.576117]).nextafter(torch.tensor(1.0)),
+                     "values", 0, 0) is None
+    assert "max abs diff" in s.compare(torch.tensor([3]), torch.tensor([4]), "values", 0, 0)
     assert "strides" in s.compare(torch.ones(2, 3), torch.ones(3, 2).t(), "meta", 0, 0)
     x = torch.ones(2)
     assert "mutation" in s.compare_inputs(((x,), {}), ((x + 1,), {}), "values", 0, 0)

@@ -1222,6 +1222,8 @@ def _autocast_query(fn):
 
 for _k, _v in _state_queries().items():
     SPECIAL_FUNCTIONS[_k] = _v
+
+
 def torch_check(tx, args, kwargs):
     """`torch._check(cond)`: true at trace time, nothing to do; on a data-dependent size
     (`torch._check(t.shape[0] == 3)` after `t = x[x > 0]`), the shape environment takes it

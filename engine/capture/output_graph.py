@@ -270,13 +270,14 @@ class OutputGraph:
         except Exception as exc:
             raise GraphBreak("GB0009", f"{_target_name(target)} raised {type(exc).__name__}: "
                                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-        if _assumptions(env) != assumed:
+        now = _assumptions(env)
+        if now != assumed:
             # The op only traces by assuming something of a data-dependent size (t[t > 0] + a
             # 3-vector: u0 == 3, since a 1 would broadcast); the graph would be wrong, or fail,
             # for the sizes the data gives. It runs eagerly instead, as under torch.compile,
             # which breaks at the op that made the size.
-            new = [str(a.expr) for asserts in env.deferred_runtime_asserts.values() for a in asserts][len(assumed):]
-            raise GraphBreak("GB0008", f"{_target_name(target)} would assume {', '.join(new)} of a data-dependent size")
+            new = ", ".join(str(a.expr) for a in now[len(assumed):])
+            raise GraphBreak("GB0008", f"{_target_name(target)} would assume {new} of a data-dependent size")
         pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
         proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)
         proxy.node.meta["example_value"] = result
