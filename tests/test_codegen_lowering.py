@@ -273,3 +273,21 @@ def test_a_computed_operand_eager_passes_transposed_is_written_in_memory_order()
     assert "as_strided" in mm and "(4, 8), (1, 4)" in mm, mm
     kernels = c.artifacts["ir_post_fusion.txt"]
     assert "outer=[8, 4]" in kernels or "outer=[32]" in kernels, kernels
+
+
+def test_an_extern_output_nothing_reads_is_not_held_to_its_meta_layout():
+    """bf16 embedding_bag with per_sample_weights: the CPU kernel returns an empty
+    offset2bag where its meta function says one per index (OpInfo found the crash); the
+    graph never reads it, so the generated code takes it as it comes."""
+    import engine
+
+    weight = torch.randn(10, 5, dtype=torch.bfloat16)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 4]), torch.tensor([0, 2])
+    psw = torch.randn(5, dtype=torch.bfloat16)
+
+    def bags(w, i, o, p):
+        return torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p) * 2
+
+    engine.reset()
+    torch.testing.assert_close(engine.compile(bags, backend="inductor")(weight, idx, offsets, psw),
+                               bags(weight, idx, offsets, psw))

@@ -72,7 +72,8 @@ def generate(g: GraphLowering, sched: Schedule, cpp_source: str, kernel_sigs: di
         argv = [f"{resolve(b)}.data_ptr()" for b in bufs] + [str(s) for s in syms]
         return [f"{step.name}({', '.join(argv)})"]
 
-    body = call_body(g, sched, kernel_call, lambda step: _extern_call(g, step))
+    read = _buffers_read(g, sched)
+    body = call_body(g, sched, kernel_call, lambda step: _extern_call(g, step, read))
     lines.extend("    " + l for l in body)
     lines.append("")
     return "\n".join(lines)
@@ -181,7 +182,17 @@ def _arg_expr(g, a) -> str:
     raise NotImplementedError(f"extern argument of type {type(a).__name__}")
 
 
-def _extern_call(g, ext: ExternKernel) -> list[str]:
+def _buffers_read(g: GraphLowering, sched: Schedule) -> set:
+    """The buffers a kernel or extern call reads, or the graph returns."""
+    read = set().union(*(step.reads() for step in sched.steps))
+    for o in g.outputs:
+        view = g.as_strided(o) if isinstance(o, TensorValue) else None
+        if view is not None:
+            read.add(view[0])
+    return read
+
+
+def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
     op = ext.op
     ns = op.namespace
     opname = f"{'aten' if ns == 'aten' else 'prims' if ns == 'prims' else f'torch.ops.{ns}'}.{op._opname}.{op._overloadname}"
@@ -197,6 +208,11 @@ def _extern_call(g, ext: ExternKernel) -> list[str]:
         return lines
     for o in ext.outputs:
         sub = "".join(f"[{p}]" for p in o.path)
+        if o.name not in read:
+            # nothing reads it: no layout to insist on (embedding_bag's offset2bag comes back
+            # empty from the CPU kernel where its meta function says one per index)
+            lines.append(f"{o.name} = {ext.name}{sub}")
+            continue
         lines.append(f"{o.name} = ensure_layout({ext.name}{sub}, {tup(o.layout.sizes)}, {tup(o.layout.strides)}, "
                      f"{o.layout.dtype})")
     return lines

@@ -14,7 +14,7 @@ from engine import config
 from .. import values as V
 from ..scheduler import FusedKernel
 from ..runtime import meta_empty_strided
-from ..wrapper import _extern_call, call_body, empty_strided_line, pyexpr
+from ..wrapper import _buffers_read, _extern_call, call_body, empty_strided_line, pyexpr
 from . import combo
 from .kernel import Unsupported, module_prelude, render_kernel
 from .launcher import compile_workers, precompile_graph
@@ -198,10 +198,12 @@ def _body(g, sched, kernels, combos, precompile: bool) -> list:
             return [f"{name}.fast({', '.join(args)}) or {call}"]
         return [call]
 
+    read = _buffers_read(g, sched)
+
     def step_call(step):
         if precompile:     # the extern's outputs, not computed: kernels only need their layouts
             return [empty_strided_line(o.name, o.layout) for o in step.outputs]
-        return _extern_call(g, step)
+        return _extern_call(g, step, read)
 
     return call_body(g, sched, kernel_call, step_call, run=not precompile, launched_at=launched_at)
 
