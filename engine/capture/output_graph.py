@@ -50,12 +50,12 @@ _UNDECLARED_WRITES = {
 }
 
 
-def _assumptions(env) -> list:
-    """The runtime asserts the shape environment holds (each an assumption about a
-    data-dependent size that tracing made)."""
-    if env is None:
-        return []
-    return [a for asserts in env.deferred_runtime_asserts.values() for a in asserts]
+def _assumptions(env) -> int:
+    """How many runtime asserts the shape environment holds (each an assumption about a
+    data-dependent size that tracing made): counted before and after every traced op."""
+    if env is None or not env.deferred_runtime_asserts:
+        return 0
+    return sum(map(len, env.deferred_runtime_asserts.values()))
 
 
 class _WriteRecorder(TorchDispatchMode):
@@ -270,13 +270,13 @@ class OutputGraph:
         except Exception as exc:
             raise GraphBreak("GB0009", f"{_target_name(target)} raised {type(exc).__name__}: "
                                        f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
-        now = _assumptions(env)
-        if now != assumed:
+        if _assumptions(env) != assumed:
             # The op only traces by assuming something of a data-dependent size (t[t > 0] + a
             # 3-vector: u0 == 3, since a 1 would broadcast); the graph would be wrong, or fail,
             # for the sizes the data gives. It runs eagerly instead, as under torch.compile,
             # which breaks at the op that made the size.
-            new = ", ".join(str(a.expr) for a in now[len(assumed):])
+            made = [a for asserts in env.deferred_runtime_asserts.values() for a in asserts]
+            new = ", ".join(str(a.expr) for a in made[assumed:])
             raise GraphBreak("GB0008", f"{_target_name(target)} would assume {new} of a data-dependent size")
         pargs, pkwargs = to_proxy(args), to_proxy(kwargs)
         proxy = self.tracer.create_proxy(kind, target, pargs, pkwargs)

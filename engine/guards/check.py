@@ -107,10 +107,15 @@ def _condition(g: Guard, i: int, ns: dict, s: Optional[str] = None) -> str:
     if g.kind == "DUPLICATE_INPUT":
         return f"{s} is {e}"
     if g.kind == "NO_TENSOR_ALIASING":
-        return f"len({{{', '.join(f'id({x})' for x in e)}}}) == {len(e)}"
+        return _distinct_test(e)
     if g.kind == "SHAPE_ENV":  # a relation between sizes, already Python over L and G (engine/shapes)
         return f"({e})"
     raise ValueError(f"unknown guard kind {g.kind}")
+
+
+def _distinct_test(exprs: list) -> str:
+    """NO_TENSOR_ALIASING's test: the expressions are distinct objects."""
+    return f"len({{{', '.join(f'id({x})' for x in exprs)}}}) == {len(exprs)}"
 
 
 @dataclasses.dataclass
@@ -298,8 +303,7 @@ def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] =
     conds, bound = [], {}     # bound: source -> the name its TENSOR_MATCH test binds (___t3)
     for i, g in enumerate(guards):
         if g.kind == "NO_TENSOR_ALIASING":   # the tensors the guards before it already read
-            ids = ", ".join(f"id({bound.get(src) or shared.expression(src)})" for src in g.expected)
-            conds.append(f"len({{{ids}}}) == {len(g.expected)}")
+            conds.append(_distinct_test([bound.get(src) or shared.expression(src) for src in g.expected]))
             continue
         conds.append(_condition(g, i, ns, shared.expression(g.source) if g.source else None))
         if g.kind == "TENSOR_MATCH":
