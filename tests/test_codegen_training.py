@@ -154,3 +154,25 @@ def test_tensors_saved_for_backward_that_are_views_of_one_tensor_compile():
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert not uncompiled, [e.payload() for e in uncompiled]
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 3), (5, 7, 9), (4, 33)])
+def test_amax_gradient_compares_the_stored_maximum(shape):
+    # Fuzz seed 400963: amax's backward asks which elements equal the maximum. The value
+    # was recomputed in another loop than the one that found it (vector and scalar libm
+    # `sin` differ in the last bit): no element matched, and the gradient was inf/NaN.
+    def fn(x):
+        return ((torch.sin(x) + x) * 2).amax(0)
+
+    def count_maxima(x):
+        y = torch.exp(x).cos() * 3
+        return (y == y.amax(-1, keepdim=True)).sum(-1)
+
+    torch.manual_seed(0)
+    for dtype in (torch.float64, torch.float32):
+        x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        engine.compile(fn, backend="inductor")(x).sum().backward()
+        fn(xe).sum().backward()
+        torch.testing.assert_close(x.grad, xe.grad)
+        assert torch.equal(engine.compile(count_maxima, backend="inductor")(x.detach()), count_maxima(x.detach()))

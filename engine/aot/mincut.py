@@ -20,6 +20,7 @@ import operator
 import torch
 import torch.fx
 
+from ..exact_values import compared_with_its_extreme
 from .partition import JointParts, must_recompute, tensor_bytes
 
 INF = 1 << 62
@@ -154,7 +155,7 @@ def min_cut_saved(parts: JointParts, free_primals: set = frozenset()) -> list[to
                 INF if isinstance(val, (tuple, list)) or val is None else 8)
             if must_recompute(node):
                 cost = INF   # inside torch.utils.checkpoint: recomputed in the backward, never saved
-            elif not recomputable(node):
+            elif not recomputable(node) or compared_with_its_extreme(node):
                 g.add_edge("source", (node, "in"), INF)
         g.add_edge((node, "in"), (node, "out"), cost)
         for user in node.users:

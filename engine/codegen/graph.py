@@ -12,6 +12,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from ..exact_values import compared_with_its_extreme
 from . import values as V
 from .index import contiguous_strides, index_var
 from .ir import (ComputedBuffer, ExternKernel, ExternOutput, InputBuffer, Layout, Pointwise,
@@ -269,7 +270,8 @@ class GraphLowering:
         if result is NotImplemented:
             return self.extern(target, args, kwargs, fake, fallback=True)
         if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1 \
-                and (node in self._new_values or not self._cheap_to_recompute(result) or self._feeds_extern(node)):
+                and (node in self._new_values or not self._cheap_to_recompute(result) or self._feeds_extern(node)
+                     or compared_with_its_extreme(node)):
             result = self.realize(result)
         return result
 
