@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import linecache
 import logging
 import traceback
 import types
@@ -171,6 +172,8 @@ def load_wrapper(wrapper_src: str, key: str, g) -> types.ModuleType:
                  log="output_code")
     module = types.ModuleType(f"engine_codegen_graph_{key}")
     module.__file__ = f"<engine codegen graph {key}>"
+    # tracebacks and profilers (the allocator's history) show the generated line
+    linecache.cache[module.__file__] = (len(wrapper_src), None, wrapper_src.splitlines(True), module.__file__)
     exec(compile(wrapper_src, module.__file__, "exec"), module.__dict__)
     for name, value in g.constants.items():
         setattr(module, name, value)

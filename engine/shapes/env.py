@@ -13,6 +13,7 @@ import linecache
 import logging
 import os
 import re
+import weakref
 from typing import Any, Optional
 
 import sympy
@@ -55,6 +56,17 @@ class EngineShapeEnv(ShapeEnv):
         self._entry_frame: Optional[tuple] = None
         super().__init__(**kwargs)
         self.log = _QUIET  # what torch's ShapeEnv would log, we report on the bus ourselves
+
+    # The compiled graph's fake tensors keep this env alive for as long as the graph lives;
+    # a strong reference would keep the capture, and with it the real tensors of the call
+    # that compiled (a training step's gradients: 3 GiB of a 1B model), alive as long.
+    @property
+    def owner(self):
+        return self._owner() if self._owner is not None else None
+
+    @owner.setter
+    def owner(self, value) -> None:
+        self._owner = weakref.ref(value) if value is not None else None
 
     # -- locations: our interpreter knows the user line; a Python traceback would show ours
     def current_user_frame(self) -> Optional[tuple]:

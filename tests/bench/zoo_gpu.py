@@ -181,10 +181,14 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
            "peak_gib": peak, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"] = top_kernels(call)
+    if MEMORY:
+        from .memory_peak import peak_sites
+        row["memory"] = peak_sites(call)
+        row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
     return row
 
 
-PROFILE = False
+PROFILE = MEMORY = False
 
 
 def top_kernels(call, n=10, steps=3):
@@ -210,7 +214,8 @@ def _run_child(name: str, train: bool, impl: str, args) -> dict:
     import subprocess
     path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
     cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
-           "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else [])
+           "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
+        + (["--memory"] if args.memory else [])
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0 or not os.path.exists(path):
         print(proc.stdout[-3000:], flush=True)
@@ -227,13 +232,15 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
+    ap.add_argument("--memory", action="store_true",
+                    help="also one call's peak after warm-up and the lines whose tensors are alive at it")
     ap.add_argument("--same-process", action="store_true",
                     help="run every (model, implementation) in this process; by default each runs in a fresh "
                          "one, so none pays for or profits from another's imports, caches and leftover state")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
-    global PROFILE
-    PROFILE = args.profile
+    global PROFILE, MEMORY
+    PROFILE, MEMORY = args.profile, args.memory
     if args.one:
         name, mode, impl = args.one.split(":")
         with open(args.json, "w") as f:
@@ -262,6 +269,12 @@ def main(argv=None):
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
                       f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                if "memory" in r:
+                    mem = r["memory"]
+                    print(f"    one call after warm-up: {mem['before_gib']:.2f} GiB before, peak {mem['call_peak_gib']:.2f};"
+                          " alive at the peak (MiB, blocks, allocating line):")
+                    for site, n, mib in mem["sites"]:
+                        print(f"      {mib:9.1f} {n:5}  {site}")
                 if "top_kernels" in r:
                     print(f"    GPU busy {r['gpu_ms']} ms a call; top kernels (ms, launches a call):")
                     for k, kms, c in r["top_kernels"]:
