@@ -303,48 +303,51 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
         emit_graph_break(gb, code, reported)
         return None
     stop = None
-    try:
-        with observe.stage("bytecode_tracing"):
-            try:
-                frame.run()
-            except StopAtBreak as s:
-                stop = s
-    except TopLevelBreak as tb:
-        gb = tb.gb
-        if options.fullgraph:
-            raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code, reported)
-        metrics["graph_break_count"] += break_root(gb) != reported
-        if _can_resume(tb.inst, frame, code):
-            return BreakPoint(tb.inst.offset, tb.arrival, gb)
-        observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
-                    tb.inst.offset, tb.inst.opname)
-        return None
-    except GraphBreak as gb:  # raised outside any instruction
-        if options.fullgraph:
-            raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code, reported)
-        return None
-    except (Unsupported, InternalCompilerError, BackendCompilerFailed):
-        raise
-    except Exception as exc:
-        raise _internal_error(exc, frame, "bytecode_tracing") from exc
-    try:
-        return _finish(fn, out, frame, stop, options, cid, metrics, breakpoint)
-    except GraphBreak as gb:
-        # the values at the end could not be rebuilt: run the frame eagerly
-        gb.user_stack = gb.user_stack or frame.user_stack()
-        if options.fullgraph:
-            raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code, reported)
-        return None
-    except resume_mod.ResumeUnsupported as exc:
-        observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
-        return None
-    except (Unsupported, InternalCompilerError, BackendCompilerFailed):
-        raise
-    except Exception as exc:
-        raise _internal_error(exc, frame, "code generation") from exc
+    try:    # out.release() at the end: the capture lets go of the call's values
+        try:
+            with observe.stage("bytecode_tracing"):
+                try:
+                    frame.run()
+                except StopAtBreak as s:
+                    stop = s
+        except TopLevelBreak as tb:
+            gb = tb.gb
+            if options.fullgraph:
+                raise Unsupported(_unsupported_text(gb)) from None
+            emit_graph_break(gb, code, reported)
+            metrics["graph_break_count"] += break_root(gb) != reported
+            if _can_resume(tb.inst, frame, code):
+                return BreakPoint(tb.inst.offset, tb.arrival, gb)
+            observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
+                        tb.inst.offset, tb.inst.opname)
+            return None
+        except GraphBreak as gb:  # raised outside any instruction
+            if options.fullgraph:
+                raise Unsupported(_unsupported_text(gb)) from None
+            emit_graph_break(gb, code, reported)
+            return None
+        except (Unsupported, InternalCompilerError, BackendCompilerFailed):
+            raise
+        except Exception as exc:
+            raise _internal_error(exc, frame, "bytecode_tracing") from exc
+        try:
+            return _finish(fn, out, frame, stop, options, cid, metrics, breakpoint)
+        except GraphBreak as gb:
+            # the values at the end could not be rebuilt: run the frame eagerly
+            gb.user_stack = gb.user_stack or frame.user_stack()
+            if options.fullgraph:
+                raise Unsupported(_unsupported_text(gb)) from None
+            emit_graph_break(gb, code, reported)
+            return None
+        except resume_mod.ResumeUnsupported as exc:
+            observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
+            return None
+        except (Unsupported, InternalCompilerError, BackendCompilerFailed):
+            raise
+        except Exception as exc:
+            raise _internal_error(exc, frame, "code generation") from exc
+    finally:
+        out.release()
 
 
 def _internal_error(exc, frame, stage) -> InternalCompilerError:

@@ -180,6 +180,20 @@ class OutputGraph:
         srcs = tuple(s.name() for s, value, _ in self.inputs if not isinstance(value, torch.nn.Parameter))
         return [Guard("NO_TENSOR_ALIASING", "", srcs)] if len(srcs) > 1 else []
 
+    def release(self) -> None:
+        """Drop the capture's hold on the call's real values (its locals and globals, the
+        tensors it wrapped, every object it modelled) once the attempt is over. The capture's
+        objects point at each other, so without this they, and a training step's gradients
+        with them, live until the next garbage collection, which GPU memory does not trigger."""
+        self.frame_values = None
+        self.memo.clear()
+        self._keepalive.clear()
+        self.inputs.clear()
+        self.mutated.clear()
+        self.global_stores.clear()
+        self.deferred_calls.clear()
+        self.current_frame = None
+
     def remember(self, value, vt) -> None:
         self.memo[id(value)] = vt
         self._keepalive.append(value)

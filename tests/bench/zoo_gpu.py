@@ -175,24 +175,48 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         call = lambda: fn(model, opt, inputs)    # noqa: E731
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    cold, ms, host_ms, tput_ms = measure(call, iters, warm=3 if impl.endswith("-ro") else 2)
+    warm = 3 if impl.endswith("-ro") else 2
+    warm_memory = None
+    if MEMORY:   # the compiling calls recorded too: their peak is part of the peak reported
+        from .memory_peak import peak_sites
+        warm_memory = peak_sites(lambda: [call() for _ in range(warm)])
+        warm = 0
+    cold, ms, host_ms, tput_ms = measure(call, iters, warm=warm)
     peak = torch.cuda.max_memory_allocated() / 2**30
     row = {"model": name, "mode": "train" if train else "infer", "impl": impl, "ms": ms, "cold_s": cold,
            "peak_gib": peak, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
-        row["gpu_ms"], row["top_kernels"] = top_kernels(call)
+        row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
     if MEMORY:
         from .memory_peak import peak_sites
         row["memory"] = peak_sites(call)
+        row["warm_memory"] = warm_memory
         row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
     return row
 
 
 PROFILE = MEMORY = False
+TOP = 15
 
 
-def top_kernels(call, n=10, steps=3):
-    """(GPU busy ms per call, its n most expensive kernels: [name, ms per call, launches per call])."""
+def _kernel_kind(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas", "splitk")):
+        return "matmul"
+    if any(k in n for k in ("sdpa", "flash", "fmha", "attention")):
+        return "attention"
+    if "conv" in n or "cudnn" in n:
+        return "conv"
+    if n.startswith(("memset", "memcpy")):
+        return "memset/copy"
+    if n.startswith(("triton_", "kernel", "combo")) or "_etc" in n:
+        return "generated"
+    return "other aten"
+
+
+def top_kernels(call, n=15, steps=3):
+    """(GPU busy ms per call, its n most expensive kernels: [name, ms per call, launches a call],
+    ms a call by kind: matmul, attention, conv, generated, memset/copy, other aten)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -201,7 +225,13 @@ def top_kernels(call, n=10, steps=3):
     rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count / steps) for e in prof.key_averages()
             if e.self_device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
-    return round(sum(r[1] for r in rows), 3), [[k[:90], round(ms, 3), c] for k, ms, c in rows[:n]]
+    kinds: dict = {}
+    for k, ms, c in rows:
+        kind = kinds.setdefault(_kernel_kind(k), [0.0, 0.0])
+        kind[0] += ms
+        kind[1] += c
+    return (round(sum(r[1] for r in rows), 3), [[k[:90], round(ms, 3), c] for k, ms, c in rows[:n]],
+            {k: [round(ms, 3), c] for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
 
 
 def geomean(xs):
@@ -215,7 +245,7 @@ def _run_child(name: str, train: bool, impl: str, args) -> dict:
     path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
     cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
            "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
-        + (["--memory"] if args.memory else [])
+        + (["--memory"] if args.memory else []) + ["--top", str(args.top)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0 or not os.path.exists(path):
         print(proc.stdout[-3000:], flush=True)
@@ -232,6 +262,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
+    ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
     ap.add_argument("--memory", action="store_true",
                     help="also one call's peak after warm-up and the lines whose tensors are alive at it")
     ap.add_argument("--same-process", action="store_true",
@@ -239,8 +270,8 @@ def main(argv=None):
                          "one, so none pays for or profits from another's imports, caches and leftover state")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
-    global PROFILE, MEMORY
-    PROFILE, MEMORY = args.profile, args.memory
+    global PROFILE, MEMORY, TOP
+    PROFILE, MEMORY, TOP = args.profile, args.memory, args.top
     if args.one:
         name, mode, impl = args.one.split(":")
         with open(args.json, "w") as f:
@@ -269,6 +300,11 @@ def main(argv=None):
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
                       f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                if r.get("warm_memory"):
+                    mem = r["warm_memory"]
+                    print(f"    the compiling calls: peak {mem['call_peak_gib']:.2f} GiB; alive at it:")
+                    for site, n, mib in mem["sites"]:
+                        print(f"      {mib:9.1f} {n:5}  {site}")
                 if "memory" in r:
                     mem = r["memory"]
                     print(f"    one call after warm-up: {mem['before_gib']:.2f} GiB before, peak {mem['call_peak_gib']:.2f};"
@@ -279,6 +315,8 @@ def main(argv=None):
                     print(f"    GPU busy {r['gpu_ms']} ms a call; top kernels (ms, launches a call):")
                     for k, kms, c in r["top_kernels"]:
                         print(f"      {kms:8.3f} {c:6.1f}  {k}")
+                    print("    by kind (ms, launches a call): " + "; ".join(
+                        f"{k} {ms:.2f} ({c:.0f})" for k, (ms, c) in r["kernel_kinds"].items()))
             else:
                 print(f"{name:10} {r['mode']:5} {impl:9} error: {r['error']}", flush=True)
             torch.cuda.empty_cache()
