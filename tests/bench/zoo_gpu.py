@@ -187,6 +187,8 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
            "peak_gib": peak, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
+    if HOST_PROFILE:
+        row["host_profile"] = host_profile(call)
     if MEMORY:
         from .memory_peak import peak_sites
         row["memory"] = peak_sites(call)
@@ -195,7 +197,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     return row
 
 
-PROFILE = MEMORY = False
+PROFILE = MEMORY = HOST_PROFILE = False
 TOP = 15
 
 
@@ -234,6 +236,25 @@ def top_kernels(call, n=15, steps=3):
             {k: [round(ms, 3), c] for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
 
 
+def host_profile(call, calls=50, n=25) -> list:
+    """cProfile over `calls` calls: the n functions with the most own time, [us a call, calls
+    a call, where]."""
+    import cProfile
+    import pstats
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = [(tt / calls * 1e6, nc / calls, f"{os.path.basename(f)}:{ln} {name}")
+            for (f, ln, name), (cc, nc, tt, ct, callers) in st.stats.items()]
+    rows.sort(key=lambda r: -r[0])
+    return [[round(us, 1), round(c, 1), w[:100]] for us, c, w in rows[:n]]
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
@@ -245,7 +266,8 @@ def _run_child(name: str, train: bool, impl: str, args) -> dict:
     path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
     cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
            "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
-        + (["--memory"] if args.memory else []) + ["--top", str(args.top)]
+        + (["--memory"] if args.memory else []) + (["--host-profile"] if args.host_profile else []) \
+        + ["--top", str(args.top)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0 or not os.path.exists(path):
         print(proc.stdout[-3000:], flush=True)
@@ -262,6 +284,7 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
+    ap.add_argument("--host-profile", action="store_true", help="also where each call's host time goes (cProfile)")
     ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
     ap.add_argument("--memory", action="store_true",
                     help="also one call's peak after warm-up and the lines whose tensors are alive at it")
@@ -270,8 +293,8 @@ def main(argv=None):
                          "one, so none pays for or profits from another's imports, caches and leftover state")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
-    global PROFILE, MEMORY, TOP
-    PROFILE, MEMORY, TOP = args.profile, args.memory, args.top
+    global PROFILE, MEMORY, TOP, HOST_PROFILE
+    PROFILE, MEMORY, TOP, HOST_PROFILE = args.profile, args.memory, args.top, args.host_profile
     if args.one:
         name, mode, impl = args.one.split(":")
         with open(args.json, "w") as f:
@@ -300,6 +323,10 @@ def main(argv=None):
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
                       f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                if r.get("host_profile"):
+                    print("    host time (cProfile; us a call, calls a call, function):")
+                    for us, c, where in r["host_profile"]:
+                        print(f"      {us:8.1f} {c:7.1f}  {where}")
                 if r.get("warm_memory"):
                     mem = r["warm_memory"]
                     print(f"    the compiling calls: peak {mem['call_peak_gib']:.2f} GiB; alive at it:")
