@@ -139,3 +139,50 @@ def test_the_triton_emitter_writes_inputs_in_place_too():
     code = "\n".join(code)
     assert "@triton.jit" in code or "Launcher(" in code, code[:2000]
     assert code.count("written in its memory") >= len(mine), code
+
+
+def test_an_embeddings_gradient_is_scattered_into_its_zeros_in_place():
+    # The functional backward's `index_put(zeros, [ids], grads, accumulate=True)` held two
+    # [vocabulary, dim] tensors at once; the zeros die at the call, so it writes them.
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8)
+    ids = torch.randint(0, 50, (4, 6))
+    with logs("output_code") as code:
+        engine.compile(lambda i: emb(i).pow(2).sum(), backend="inductor")(ids).backward()
+    got = emb.weight.grad.clone()
+    emb.weight.grad = None
+    emb(ids).pow(2).sum().backward()
+    torch.testing.assert_close(got, emb.weight.grad)
+    assert any("aten.index_put_.default(" in c for c in code), code
+
+
+def test_a_scatter_into_a_buffer_read_later_stays_out_of_place():
+    def fn(i, v):
+        z = torch.zeros(10) * 2
+        y = z.index_put((i,), v, accumulate=True)
+        return y, z + 1
+
+    i, v = torch.tensor([1, 1, 3]), torch.tensor([1.0, 2.0, 3.0])
+    for got, want in zip(engine.compile(fn, backend="inductor")(i, v), fn(i, v)):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_backwards_outputs_are_computed_where_the_graph_computes_them():
+    # Weight gradients cast to float32 under autocast were all computed at the end of the
+    # backward, each bfloat16 gradient alive until then; now each cast follows its matmul.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)])
+    x = torch.randn(8, 16)
+
+    def loss(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x).float().pow(2).mean()
+
+    with logs("output_code") as code:
+        engine.compile(loss, backend="inductor")(x).backward()
+    backward = [c for c in code if "def call" in c][-1]
+    lines = [ln.strip() for ln in backward[backward.index("def call"):].splitlines()]
+    calls = [ln for ln in lines if ln.startswith(("kernel", "extern")) and "(" in ln]
+    mms = [k for k, ln in enumerate(calls) if "aten.mm" in ln]
+    casts = [k for k, ln in enumerate(calls) if "_to_copy" in ln.split("(")[0]]
+    assert len(mms) >= 6 and casts and min(casts) < max(mms), calls

@@ -103,6 +103,7 @@ class ExternKernel:
     reads_: set
     mutates: set                # buffer names written in place (mutating ops)
     origins: list = dataclasses.field(default_factory=list)
+    in_place_of: Optional[str] = None   # the scheduler's choice: the op's in-place form writes this dead buffer
 
     def reads(self) -> set[str]:
         return set(self.reads_)

@@ -17,6 +17,7 @@ import re
 from typing import Optional
 
 import sympy
+import torch
 
 import observe
 
@@ -485,12 +486,42 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedul
         # earlier kernel than the writer's would otherwise free it first: it then reused itself)
         dead = [n for n, last in last_use.items() if n in produced_at and max(last, produced_at[n]) == i
                 and n in layouts and n not in output_buffers]
+        written = _scatter_in_place(s, dead, layouts, graph_inputs, decisions) if isinstance(s, ExternKernel) else None
         if dead:
             frees[i] = sorted(dead)
             for n in sorted(dead):
-                if n not in extern_read and n not in graph_inputs and n not in set(reuse.values()):
+                if n not in extern_read and n not in graph_inputs and n not in set(reuse.values()) and n != written:
                     free_pool.append((n, key(layouts[n])))
     return Schedule(final, allocations, frees, reuse, decisions)
+
+
+IN_PLACE_FORMS = {
+    torch.ops.aten.index_put.default: torch.ops.aten.index_put_.default,
+    torch.ops.aten.index_add.default: torch.ops.aten.index_add_.default,
+    torch.ops.aten.scatter_add.default: torch.ops.aten.scatter_add_.default,
+}
+
+
+def _scatter_in_place(ext: ExternKernel, dead: list, layouts: dict, graph_inputs, decisions) -> Optional[str]:
+    """An out-of-place scatter into a buffer of ours that dies at this call writes it in place
+    (`index_put_`): the functional graph's `index_put(zeros, ...)` of an embedding's gradient
+    otherwise holds two [vocabulary, dim] float32 tensors at once (500 MB on a 1B Llama).
+    Returns that buffer, which stays out of the free pool: the result lives in its memory."""
+    if ext.op not in IN_PLACE_FORMS or not ext.args or len(ext.outputs) != 1:
+        return None
+    base = ext.args[0]
+    name, layout = getattr(base, "buffer", None), getattr(base, "layout", None)
+    out = ext.outputs[0].layout
+    if name is None or name not in dead or name in graph_inputs or name not in layouts or layout is None:
+        return None
+    mine = layouts[name]
+    same = lambda a, b: (tuple(a.sizes), tuple(a.strides), a.dtype, a.offset) == \
+        (tuple(b.sizes), tuple(b.strides), b.dtype, b.offset)    # noqa: E731
+    if not (same(layout, mine) and same(mine, out)):
+        return None
+    ext.in_place_of = name
+    decisions.append(f"{ext.name}: {ext.op} writes {name} in place (dead after it)")
+    return name
 
 
 def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_read) -> bool:

@@ -12,7 +12,7 @@ import torch
 from .graph import GraphLowering
 from .index import FloorDiv, IMod
 from .ir import ExternKernel, TensorValue
-from .scheduler import FusedKernel, Schedule
+from .scheduler import IN_PLACE_FORMS, FusedKernel, Schedule
 
 
 def pyexpr(e) -> str:
@@ -193,7 +193,7 @@ def _buffers_read(g: GraphLowering, sched: Schedule) -> set:
 
 
 def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
-    op = ext.op
+    op = IN_PLACE_FORMS[ext.op] if ext.in_place_of is not None else ext.op
     ns = op.namespace
     opname = f"{'aten' if ns == 'aten' else 'prims' if ns == 'prims' else f'torch.ops.{ns}'}.{op._opname}.{op._overloadname}"
     args = [_arg_expr(g, a) for a in ext.args] + [f"{k}={_arg_expr(g, v)}" for k, v in ext.kwargs.items()]
