@@ -298,56 +298,49 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
     except GraphBreak as gb:
         # an input the capture cannot even wrap: run eagerly
         gb.user_stack = gb.user_stack or [(code.co_filename, code.co_firstlineno, code.co_name, "")]
-        if options.fullgraph:
-            raise Unsupported(_unsupported_text(gb)) from None
-        emit_graph_break(gb, code, reported)
+        _break_to_eager(gb, options, code, reported)
         return None
-    stop = None
-    try:    # out.release() at the end: the capture lets go of the call's values
-        try:
-            with observe.stage("bytecode_tracing"):
-                try:
-                    frame.run()
-                except StopAtBreak as s:
-                    stop = s
-        except TopLevelBreak as tb:
-            gb = tb.gb
-            if options.fullgraph:
-                raise Unsupported(_unsupported_text(gb)) from None
-            emit_graph_break(gb, code, reported)
-            metrics["graph_break_count"] += break_root(gb) != reported
-            if _can_resume(tb.inst, frame, code):
-                return BreakPoint(tb.inst.offset, tb.arrival, gb)
-            observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
-                        tb.inst.offset, tb.inst.opname)
-            return None
-        except GraphBreak as gb:  # raised outside any instruction
-            if options.fullgraph:
-                raise Unsupported(_unsupported_text(gb)) from None
-            emit_graph_break(gb, code, reported)
-            return None
-        except (Unsupported, InternalCompilerError, BackendCompilerFailed):
-            raise
-        except Exception as exc:
-            raise _internal_error(exc, frame, "bytecode_tracing") from exc
-        try:
-            return _finish(fn, out, frame, stop, options, cid, metrics, breakpoint)
-        except GraphBreak as gb:
-            # the values at the end could not be rebuilt: run the frame eagerly
+    stop, stage = None, "bytecode_tracing"
+    try:
+        with observe.stage("bytecode_tracing"):
+            try:
+                frame.run()
+            except StopAtBreak as s:
+                stop = s
+        stage = "code generation"
+        return _finish(fn, out, frame, stop, options, cid, metrics, breakpoint)
+    except TopLevelBreak as tb:
+        gb = tb.gb
+        _break_to_eager(gb, options, code, reported)
+        metrics["graph_break_count"] += break_root(gb) != reported
+        if _can_resume(tb.inst, frame, code):
+            return BreakPoint(tb.inst.offset, tb.arrival, gb)
+        observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
+                    tb.inst.offset, tb.inst.opname)
+        return None
+    except GraphBreak as gb:
+        # raised outside any instruction, or the values at the end could not be rebuilt
+        if stage == "code generation":
             gb.user_stack = gb.user_stack or frame.user_stack()
-            if options.fullgraph:
-                raise Unsupported(_unsupported_text(gb)) from None
-            emit_graph_break(gb, code, reported)
-            return None
-        except resume_mod.ResumeUnsupported as exc:
-            observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
-            return None
-        except (Unsupported, InternalCompilerError, BackendCompilerFailed):
-            raise
-        except Exception as exc:
-            raise _internal_error(exc, frame, "code generation") from exc
+        _break_to_eager(gb, options, code, reported)
+        return None
+    except resume_mod.ResumeUnsupported as exc:
+        observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
+        return None
+    except (Unsupported, InternalCompilerError, BackendCompilerFailed):
+        raise
+    except Exception as exc:
+        raise _internal_error(exc, frame, stage) from exc
     finally:
-        out.release()
+        out.release()    # the capture lets go of the call's values
+
+
+def _break_to_eager(gb: GraphBreak, options: CompileOptions, code, reported) -> None:
+    """The frame (or its rest) runs eagerly: reported where the user looks; an error instead
+    under fullgraph=True."""
+    if options.fullgraph:
+        raise Unsupported(_unsupported_text(gb)) from None
+    emit_graph_break(gb, code, reported)
 
 
 def _internal_error(exc, frame, stage) -> InternalCompilerError:
