@@ -8,10 +8,11 @@ import math
 
 import sympy
 import torch
+from torch.utils import _pytree as pytree
 
-from .graph import GraphLowering
-from .index import FloorDiv, IMod
-from .ir import ExternKernel, TensorValue
+from .graph import GraphLowering, is_dense
+from .index import FloorDiv, IMod, numel
+from .ir import ExternKernel, Layout, TensorValue
 from .scheduler import IN_PLACE_FORMS, FusedKernel, Schedule
 
 
@@ -113,6 +114,7 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
             body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
                         f"{b.name in g.mutated_inputs})")
     reused = set(sched.reuse.values())
+    g.buffer_layouts.update(_allocation_layouts(g, sched, reused))
     live_name: dict = {}
     pending: dict = {}
 
@@ -145,6 +147,39 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
         outs = [_output_expr(g, o) for o in g.outputs]
         body.append(f"return [{', '.join(outs)}]")
     return body
+
+
+def _allocation_layouts(g: GraphLowering, sched: Schedule, reused: set) -> dict:
+    """buffer -> the layout to allocate it in: the one view of all of it that extern calls
+    read and the graph returns. Our kernels only see its address, so a weight cast to bf16
+    that a matmul reads transposed is allocated transposed, an activation it reads as
+    [tokens, dim] is allocated so, and the call passes the buffer itself instead of making a
+    `torch.as_strided` view of it on every call. Buffers that take or give their memory to
+    another (reuse) keep their own layout."""
+    views: dict = {}
+    leaves = [o for o in g.outputs if isinstance(o, TensorValue)]
+    for step in sched.steps:
+        if isinstance(step, ExternKernel):
+            leaves += [a for a in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(a, TensorValue)]
+    for tv in leaves:
+        view = g.as_strided(tv)
+        if view is not None:
+            views.setdefault(view[0], set()).add((tuple(view[1].sizes), tuple(view[1].strides), view[1].offset))
+    allocated = {n for names in sched.allocations.values() for n in names}
+    out = {}
+    for name, seen in views.items():
+        if len(seen) != 1 or name not in allocated or name in sched.reuse or name in reused:
+            continue
+        sizes, strides, offset = next(iter(seen))
+        base = g.buffer_layouts[name]
+        wanted = Layout(sizes, strides, base.dtype, base.device, offset)
+        # the view covers exactly the buffer's memory (dense, from its start): allocating the
+        # memory in the view's shape changes no address a kernel reads or writes
+        if (sizes, strides) != (tuple(base.sizes), tuple(base.strides)) and offset == 0 and base.offset == 0 \
+                and is_dense(base.sizes, base.strides) and is_dense(sizes, strides) \
+                and sympy.expand(numel(sizes) - numel(base.sizes)) == 0:
+            out[name] = wanted
+    return out
 
 
 def _tensor_expr(g: GraphLowering, tv: TensorValue) -> str:
