@@ -421,3 +421,17 @@ def test_a_backward_kernel_laying_out_its_result_unlike_its_meta_still_runs(back
         m(x).sum().backward()
     for p, q in zip(model.parameters(), compiled.parameters()):
         torch.testing.assert_close(q.grad, p.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_relu_keeps_negative_zero_as_eager_does(backend):
+    # fuzz seed 401427: relu(-0.0) is -0.0 in eager, and atan2(-0.0, -0.0) is -pi; the
+    # generated relu returned +0.0, and atan2 gave 0.
+    def fn(x):
+        t = torch.relu_(x.round())
+        return torch.atan2(t, t), torch.relu(x.round())
+
+    x = torch.tensor([-0.3, 0.2, -1.7, 2.4, float("nan")])
+    for got, want in zip(engine.compile(fn, backend=backend)(x), fn(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)

@@ -29,7 +29,8 @@ PRELUDE = r"""
 
 template <typename T> static inline T max_prop(T a, T b) { if (a != a) return a; if (b != b) return b; return a > b ? a : b; }
 template <typename T> static inline T min_prop(T a, T b) { if (a != a) return a; if (b != b) return b; return a < b ? a : b; }
-template <typename T> static inline T relu_prop(T a) { return (a != a || a > T(0)) ? a : T(0); }
+// eager's relu keeps NaN and -0.0 (atan2(-0.0, -0.0) is -pi): only values below 0 become 0
+template <typename T> static inline T relu_prop(T a) { return a < T(0) ? T(0) : a; }
 static inline float bf16_to_float(uint16_t v) { uint32_t u = uint32_t(v) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t float_to_bf16(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);

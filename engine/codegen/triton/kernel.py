@@ -429,7 +429,8 @@ class TritonKernel:
             return f"{fn}({args[0]}, {args[1]})" if dt.is_floating_point else \
                 f"tl.{name}({args[0]}, {args[1]})"
         if name == "relu":
-            return f"tl.where(({args[0]} != {args[0]}) | ({args[0]} > 0), {args[0]}, 0)" \
+            # eager keeps NaN and -0.0: only values below 0 become 0
+            return f"tl.where({args[0]} < 0, 0, {args[0]})" \
                 if dt.is_floating_point else f"tl.maximum({args[0]}, 0)"
         if name == "sign":
             return f"(({args[0]} > 0).to({TL_TYPES[dt]}) - ({args[0]} < 0).to({TL_TYPES[dt]}))"
