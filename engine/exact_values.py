@@ -17,12 +17,6 @@ _EXTREMES = {aten.amax, aten.amin, aten.max, aten.min, aten.aminmax, aten.cummax
 _EQUALITY = {aten.eq, aten.ne}
 
 
-def _is_view(target) -> bool:
-    schema = getattr(target, "_schema", None)
-    return schema is not None and any(
-        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
 def _packets_reached(node: torch.fx.Node) -> set:
     """The op packets that read node, directly or through views of it."""
     seen, todo, found = set(), list(node.users), set()
@@ -31,7 +25,7 @@ def _packets_reached(node: torch.fx.Node) -> set:
         if user in seen or user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
             continue
         seen.add(user)
-        if _is_view(user.target):
+        if user.target.is_view:
             todo.extend(user.users)
         else:
             found.add(user.target.overloadpacket)

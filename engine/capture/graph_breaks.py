@@ -1,6 +1,6 @@
 """Every kind of graph break, in one table. Each has a stable id, a one-line reason, an
-explanation of why the capture cannot continue, and a concrete hint. docs/graph_breaks.md
-is generated from this table (`render_markdown`)."""
+explanation of why the capture cannot continue, and a concrete hint. The table at the end
+of docs/graph_breaks.md is generated from this one (`update_doc`)."""
 
 from __future__ import annotations
 
@@ -176,37 +176,16 @@ def render_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-DOC_HEADER = """# Graph breaks
-
-A graph break is where the capture engine stops one graph, runs the code it cannot put in
-a graph eagerly (with the real values), and continues in a new graph through a generated
-resume function. Every kind of break has a stable id; `TORCH_LOGS=graph_breaks`,
-`engine.explain(fn)(...)` and `fullgraph=True` errors name it with a hint.
-
-```python
-import torch, engine
-
-def fn(x):
-    y = torch.sin(x)
-    print("debug", y.shape)      # GB0001
-    if y.sum() > 0:              # GB0003
-        return y + 1
-    return y - 1
-
-out = engine.explain(fn)(torch.ones(3))              # prints: debug torch.Size([3])
-print(out.graph_count, out.graph_break_count)        # 3 2
-for r in out.break_reasons:
-    print(r.graph_break_id, r.reason, r.user_stack[-1][1])
-# GB0001 Call to a builtin that cannot be traced: builtin `print` with argument types ['str', 'Size'] 5
-# GB0003 Data-dependent control flow on a tensor value: if/while on a tensor value 6
-```
-
-This table is generated from `engine/capture/graph_breaks.py`
-(`python -m engine.capture.graph_breaks > docs/graph_breaks.md`); a test checks that
-they agree.
-
-"""
+def update_doc(path: str) -> None:
+    """Rewrite the table that ends the doc at `path` (docs/graph_breaks.md); the prose and the
+    example above it are the doc's own."""
+    with open(path) as f:
+        text = f.read()
+    head = text[:text.index(render_markdown().splitlines()[0])]
+    with open(path, "w") as f:
+        f.write(head + render_markdown())
 
 
-if __name__ == "__main__":
-    print(DOC_HEADER + render_markdown(), end="")
+if __name__ == "__main__":   # python -m engine.capture.graph_breaks docs/graph_breaks.md
+    import sys
+    update_doc(sys.argv[1])

@@ -380,9 +380,7 @@ class GraphLowering:
                 continue
             buf, layout = view
             mine, theirs = self.buffer_layouts[buf], self.buffer_layouts[target]
-            same = lambda a, b: (tuple(a.sizes), tuple(a.strides), a.dtype, a.device, a.offset) == \
-                (tuple(b.sizes), tuple(b.strides), b.dtype, b.device, b.offset)    # noqa: E731
-            if returned.count(buf) == 1 and same(layout, mine) and same(mine, theirs) \
+            if returned.count(buf) == 1 and layout.same(mine) and mine.same(theirs) \
                     and is_dense(mine.sizes, mine.strides):     # each element stored once
                 self.write_back[buf] = target
 

@@ -26,6 +26,11 @@ class Layout:
         return simplify(sympy.sympify(self.offset) + sum(
             (i * s for i, s in zip(idx, self.strides)), sympy.Integer(0)))
 
+    def same(self, other: "Layout") -> bool:
+        """The same memory, read the same way (sizes may be lists or tuples)."""
+        return (tuple(self.sizes), tuple(self.strides), self.dtype, self.device, self.offset) == \
+            (tuple(other.sizes), tuple(other.strides), other.dtype, other.device, other.offset)
+
     def is_contiguous(self) -> bool:
         return all(sz == 1 or st == cs for sz, st, cs in zip(self.sizes, self.strides, contiguous_strides(self.sizes))) \
             and self.offset == 0

@@ -515,9 +515,7 @@ def _scatter_in_place(ext: ExternKernel, dead: list, layouts: dict, graph_inputs
     if name is None or name not in dead or name in graph_inputs or name not in layouts or layout is None:
         return None
     mine = layouts[name]
-    same = lambda a, b: (tuple(a.sizes), tuple(a.strides), a.dtype, a.offset) == \
-        (tuple(b.sizes), tuple(b.strides), b.dtype, b.offset)    # noqa: E731
-    if not (same(layout, mine) and same(mine, out)):
+    if not (layout.same(mine) and mine.same(out)):
         return None
     ext.in_place_of = name
     decisions.append(f"{ext.name}: {ext.op} writes {name} in place (dead after it)")

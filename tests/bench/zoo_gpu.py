@@ -42,6 +42,8 @@ import torch  # noqa: E402
 
 import engine  # noqa: E402
 
+from .memory_peak import peak_sites  # noqa: E402
+
 DEV = "cuda"
 BF16 = torch.bfloat16
 IMPLS = ["eager", "torch", "torch-ro", "ours", "ours-ro"]
@@ -178,7 +180,6 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     warm = 3 if impl.endswith("-ro") else 2
     warm_memory = None
     if MEMORY:   # the compiling calls recorded too: their peak is part of the peak reported
-        from .memory_peak import peak_sites
         warm_memory = peak_sites(lambda: [call() for _ in range(warm)])
         warm = 0
     cold, ms, host_ms, tput_ms = measure(call, iters, warm=warm)
@@ -190,7 +191,6 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     if HOST_PROFILE:
         row["host_profile"] = host_profile(call)
     if MEMORY:
-        from .memory_peak import peak_sites
         row["memory"] = peak_sites(call)
         row["warm_memory"] = warm_memory
         row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
