@@ -30,5 +30,8 @@ def format_stack(frames) -> str:
 
 def user_frames(node) -> list[UserFrame]:
     """The frames of a node's `stack_trace`, outermost first."""
-    trace = node.meta.get("stack_trace") or ""
+    return frames_of(node.meta.get("stack_trace") or "")
+
+
+def frames_of(trace: str) -> list[UserFrame]:
     return [UserFrame(m["file"], int(m["line"]), m["fn"], m["code"].strip()) for m in _FRAME.finditer(trace)]

@@ -85,6 +85,18 @@ def test_a_value_an_extern_kernel_needs_is_stored_once_for_every_user():
     assert len(masked) == 1, masked
 
 
+def test_a_value_an_unlowered_op_reads_and_the_graph_returns_is_stored_once():
+    # attention on the GPU (no lowering, called as it is) reads the KV cache's cat, which
+    # the forward also returns for the backward: one buffer serves both
+    def f(a, b):
+        c = torch.cat([a, b], 1)
+        return F.max_pool2d(c, 2), c
+    with Capture(logs=["kernel_code"]) as cap:
+        check(f, torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4), allow_fallback=True)
+    masked = [k for k in cap.texts(log="kernel_code") if "if (" in k]
+    assert len(masked) == 1 and masked[0].count("] = ") == 1, masked
+
+
 def test_refused_fusion_says_why():
     # a reduction over dim 0 and a row-wise consumer do not share a loop structure;
     # positive input, so no column sum is near zero and the division stays well conditioned

@@ -70,3 +70,24 @@ def test_a_linear_weight_is_padded_as_it_lies():
     assert mm.args[1].meta["val"].stride() == (1, 256)
     real = [torch.randn(64, 256), torch.randn(50257, 256)]
     torch.testing.assert_close(gm(*real), lm_head(*real), rtol=1e-4, atol=1e-3)
+
+
+def test_a_computed_operand_is_padded_once_for_all_its_users():
+    """An lm head's backward: the logits gradient g feeds `g @ W` (K = 50257, padded) and
+    `g.t() @ h`. Both read the one padded copy (the second its first 50257 columns), so the
+    kernel that computes g stores it once, padded."""
+    def backward(logits, w, h):
+        g = logits * 2
+        return g @ w, g.t() @ h
+
+    gm = traced(backward, (64, 50257), (50257, 256), (64, 256))
+    assert pad_matmuls(gm) == 1
+    mul = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    assert [u.target for u in mul.users] == [aten.constant_pad_nd.default]
+    # the transposed view says it reads the padded rows: the matmul is handed the view as it is
+    (t,) = [n for n in gm.graph.nodes if n.target in (aten.t.default, aten.permute.default, aten.transpose.int)
+            and n.args[0].target is aten.slice.Tensor]
+    assert t.meta["val"].stride() == (1, 50264)
+    real = [torch.randn(64, 50257), torch.randn(50257, 256), torch.randn(64, 256)]
+    for got, want in zip(gm(*real), backward(*real)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

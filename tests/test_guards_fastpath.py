@@ -2,6 +2,7 @@
 tries first, and that the shortcuts taken on it (should_compile cached per code, the
 per-thread disabled flag) change nothing a user can see."""
 
+import inspect
 import threading
 
 import torch
@@ -137,3 +138,29 @@ def test_guards_walk_to_each_module_once_per_check(monkeypatch):
     monkeypatch.undo()
     model[1][0].weight = torch.nn.Parameter(torch.randn(4, 5))
     assert not entry.guards.check({"m": model, "x": x}, fwd.__globals__)
+
+
+def test_an_optimizer_steps_guards_look_up_each_parameters_state_once(monkeypatch):
+    """AdamW's step reads `self.state[p]` for every parameter; the guards key that lookup by
+    the parameter they already read (no second walk to it) and hash each parameter once per
+    check; a state tensor that changed still fails."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step = engine.compile(opt.step, backend="eager")
+    model(torch.randn(3, 4)).sum().backward()
+    step()
+    step()
+    (entry,) = [e for c in runtime._CACHES.values() for e in c.entries if ".state" in e.guards.code]
+    frame = {"self": opt, "closure": None}
+    step_globals = inspect.unwrap(type(opt).step).__globals__
+    with torch.no_grad():
+        assert entry.guards.check(frame, step_globals)
+        hashed = []
+        real = torch.Tensor.__hash__
+        monkeypatch.setattr(torch.Tensor, "__hash__", lambda t: hashed.append(1) or real(t))
+        assert entry.guards.check(frame, step_globals)
+        monkeypatch.undo()
+        assert len(hashed) == 4          # one state lookup per parameter
+        assert "state)) is" in entry.guards.code and "[___p" in entry.guards.code
+        opt.state[model[0].weight]["exp_avg"] = torch.zeros(5, 4)
+        assert not entry.guards.check(frame, step_globals)

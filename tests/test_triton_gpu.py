@@ -136,6 +136,23 @@ def test_direct_launch_respects_alignment(monkeypatch):
     assert sum(h for _, h in new) == 4          # every call launched directly
 
 
+def test_a_split_reduction_repeats_both_launches_with_its_workspace():
+    # a column sum over many rows runs as two kernels (partials into a workspace, then the
+    # combine); from the second call on, both launch from the repeat plan, with the first
+    # call's workspace, and each call's result is its own input's
+    seen = {id(la) for la in _launchers()}
+    fn = engine.compile(lambda t: t.sum(0) * 3)
+    xs = [torch.randn(6001, 77, device=DEV) for _ in range(4)]
+    outs = [fn(x) for x in xs]
+    for got, x in zip(outs, xs):
+        assert_close(got, x.sum(0) * 3, 1e-3)
+    (split,) = [la for la in _launchers() if id(la) not in seen and la.split_slots]
+    assert split.plans, "no repeat plan for the split reduction"
+    hits = split.direct.hits
+    assert_close(fn(xs[0]), xs[0].sum(0) * 3, 1e-3)
+    assert split.direct.hits == hits + 2     # both kernels, from the plan
+
+
 def _launchers():
     import gc
 
@@ -288,6 +305,10 @@ def test_the_backward_of_an_odd_vocabulary_reads_one_padded_copy_of_the_logits_g
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)
     backward = [c for c in code if "(50257, 128), (1, 50264)" in c]
     assert backward, "\n".join(code)[-4000:]
+    # the backward was compiled for the saved logits as the forward returns them, with gaps
+    # (not copied dense on every call)
+    assert "(64, 50257), (3216896, 50264, 1), False)" in backward[0] \
+        or "(128, 50257), (50264, 1), False)" in backward[0], backward[0][-6000:]
 
 
 def test_an_adamw_step_is_fused_per_parameter_and_updates_in_place():

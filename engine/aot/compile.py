@@ -3,6 +3,7 @@ of compiled entries behind the callable it returns."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from contextlib import nullcontext
 import itertools
@@ -271,7 +272,9 @@ class AOTCompiled:
         with observe.stage("aot_compile_forward"):
             compiled_fw = self.config.fw_compiler(chosen.forward, _example_values(chosen.forward))
         with observe.stage("aot_compile_backward"):
-            compiled_bw = self.config.bw_compiler(chosen.backward, _example_values(chosen.backward))
+            bw_examples = _saved_as_returned(chosen.backward, compiled_fw, len(parts.forward_outputs),
+                                             len(chosen.saved))
+            compiled_bw = self.config.bw_compiler(chosen.backward, bw_examples)
         fw_vals = [n.meta["val"] for n in parts.forward_outputs]
         return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals,
                              _grad_tangents(chosen.backward, layout.num_tangents))
@@ -349,3 +352,22 @@ def _data_dependent_sizes(gm: torch.fx.GraphModule) -> Optional[str]:
 
 def _example_values(gm: torch.fx.GraphModule) -> list:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _saved_as_returned(backward: torch.fx.GraphModule, compiled_fw, num_user: int, num_saved: int) -> list:
+    """The backward's example inputs, each saved tensor with the strides the compiled forward
+    returns it with (`output_strides`, where its compiler reports them): GPT-2's logits come
+    out of a padded matmul with gaps between rows, and a backward compiled for eager's dense
+    strides copied all 393 MB of them on every call."""
+    examples = _example_values(backward)
+    strides = getattr(compiled_fw, "output_strides", None) or []
+    for i in range(min(num_saved, len(examples))):
+        fake, k = examples[i], num_user + i
+        want = strides[k] if k < len(strides) else None
+        if want is None or not isinstance(fake, torch.Tensor) or len(want) != fake.dim() \
+                or tuple(fake.stride()) == want or not all(isinstance(s, int) for s in fake.shape):
+            continue
+        mode = getattr(fake, "fake_mode", None)
+        with mode if mode is not None else contextlib.nullcontext():
+            examples[i] = torch.empty_strided(fake.shape, want, dtype=fake.dtype, device=fake.device)
+    return examples

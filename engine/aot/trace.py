@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 from typing import Any, Optional
 
 import torch
@@ -19,6 +20,9 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import observe
+
+from .cse import eliminate_common_subexpressions
 from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams
 from .interpret import run_captured_graph
@@ -73,6 +77,9 @@ class Tracer:
             raise AOTAutogradError("tracing to aten", None, exc) from exc
         _cleanup(traced)
         provenance.stamp(traced)
+        merged = eliminate_common_subexpressions(traced)
+        if merged:
+            observe.log("aot", logging.DEBUG, "common subexpressions: %d repeated calls merged", merged)
         return traced
 
     def trace_inference(self, fakes: list) -> torch.fx.GraphModule:

@@ -14,6 +14,7 @@ import logging
 import traceback
 import types
 
+import sympy
 import torch
 from torch.utils import _pytree as pytree
 
@@ -51,6 +52,10 @@ class CompiledGraph:
         self.extern_ops: list = []
         self.fallback_ops: list = []
         self.mutated_args: frozenset = frozenset()   # input positions the graph writes in place
+        # each output's strides where the generated code fixes them (None: eager's, or unknown);
+        # a padded matmul's product returned with gaps. The backward graph is compiled for the
+        # strides its saved tensors really have, not copied to eager's on every call.
+        self.output_strides: list = []
         # the usual outputs, a flat list or tuple, are the wrapper's list as it is (or as a tuple)
         shape = pytree.tree_unflatten(list(range(out_spec.num_leaves)), out_spec)
         self._flat = type(shape) if type(shape) in (list, tuple) and list(shape) == list(range(len(shape))) else None
@@ -182,6 +187,7 @@ def load_wrapper(wrapper_src: str, key: str, g) -> types.ModuleType:
 
 def finish(gm, g, sched, module, out_spec, wrapper_src, n_kernels: int, artifacts: dict) -> CompiledGraph:
     """The CompiledGraph of a loaded wrapper; remembered as the last one for debug_files."""
+    output_strides = [_static_strides(g, o) for o in g.outputs]
     V.reset()
     n_externs = sum(isinstance(s, ExternKernel) for s in sched.steps)
     compiled = CompiledGraph(gm, module.call, out_spec, wrapper_src, n_kernels, n_externs, artifacts=artifacts)
@@ -189,8 +195,16 @@ def finish(gm, g, sched, module, out_spec, wrapper_src, n_kernels: int, artifact
     compiled.fallback_ops = list(g.fallback_ops)
     compiled.mutated_args = frozenset(b.arg_index for b in g.inputs if b is not None and b.arg_index >= 0
                                       and b.name in g.mutated_inputs)
+    compiled.output_strides = output_strides
     _last[0] = compiled
     return compiled
+
+
+def _static_strides(g, value):
+    view = g.as_strided(value) if hasattr(value, "loader") else None
+    if view is None or not all(isinstance(s, sympy.Integer) for s in view[1].strides):
+        return None
+    return tuple(int(s) for s in view[1].strides)
 
 
 def _compile(gm, example_inputs, out_spec) -> CompiledGraph:

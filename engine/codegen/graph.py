@@ -15,8 +15,8 @@ from torch.utils import _pytree as pytree
 from ..exact_values import compared_with_its_extreme
 from . import values as V
 from .index import contiguous_strides, index_var
-from .ir import (ComputedBuffer, ExternKernel, ExternOutput, InputBuffer, Layout, Pointwise,
-                 TensorValue, strided_value)
+from .ir import (UNDECLARED_VIEWS, ComputedBuffer, ExternKernel, ExternOutput, InputBuffer, Layout,
+                 Pointwise, TensorValue, strided_value)
 
 
 class Unsupported(Exception):
@@ -54,8 +54,6 @@ def _same_strides(layout, fake) -> bool:
     return True
 
 
-# Their schemas declare no alias, yet eager's results are views of the input.
-_UNSAFE_VIEWS = {torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default}
 
 
 def _aliases_an_input(node) -> bool:
@@ -65,7 +63,7 @@ def _aliases_an_input(node) -> bool:
     while isinstance(node, torch.fx.Node):
         if node.op == "placeholder":
             return True
-        if node.target is operator.getitem and getattr(node.args[0], "target", None) in _UNSAFE_VIEWS:
+        if node.target is operator.getitem and getattr(node.args[0], "target", None) in UNDECLARED_VIEWS:
             node = node.args[0].args[0]
             continue
         schema = getattr(node.target, "_schema", None)
@@ -312,7 +310,7 @@ class GraphLowering:
             if isinstance(t, torch._ops.OpOverload):
                 if t.overloadpacket in _VIEW_OPS:
                     todo.extend(u.users)
-                elif t in _BY_DESIGN or t.overloadpacket in _BY_DESIGN:
+                elif t in _BY_DESIGN or t.overloadpacket in _BY_DESIGN or _runs_as_extern(t):
                     return True
         return False
 
@@ -596,6 +594,12 @@ class GraphLowering:
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
 
 
+def _runs_as_extern(op) -> bool:
+    """An op no lowering computes: it is called as it is (attention, a random op, ...)."""
+    from .lowerings import LOWERINGS
+    return op._schema.is_mutable or (LOWERINGS.get(op) or LOWERINGS.get(op.overloadpacket)) is None
+
+
 def _unaligned_operand(layout):
     """(rows, cols, transposed) of a 16-bit CUDA matrix whose leading dimension is not a
     multiple of 8 elements (cuBLAS then takes its slow unaligned kernels), as the row-major
@@ -628,7 +632,10 @@ _TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf
                    "sin", "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh", "lgamma"}
 
 _BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,
-              torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward, torch.ops.aten._scaled_dot_product_flash_attention_for_cpu}
+              torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward} | {
+    getattr(torch.ops.aten, f"_scaled_dot_product_{kind}{part}") for kind in (
+        "flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
+    for part in ("", "_backward") if hasattr(torch.ops.aten, f"_scaled_dot_product_{kind}{part}")}
 
 # ops that only re-index their input (looked through by _feeds_extern)
 _VIEW_OPS = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.reshape, torch.ops.aten.permute,

@@ -13,6 +13,9 @@ import torch
 from . import values as V
 from .index import contiguous_strides, numel, simplify
 
+# ops whose schemas declare no alias, yet eager's results are views of the input
+UNDECLARED_VIEWS = {torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.unsafe_split_with_sizes.default}
+
 
 @dataclasses.dataclass
 class Layout:

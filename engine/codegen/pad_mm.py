@@ -24,6 +24,40 @@ def _pad(n: int) -> int:
     return (-n) % 8 if n >= _MIN else 0
 
 
+def _padded_once(g: torch.fx.Graph, a: torch.fx.Node, fa, k: int, pk: int, meta: dict) -> torch.fx.Node:
+    """a with pk zero columns added. Where a is computed in this graph, its other users read
+    the padded tensor's first k columns instead (the same values): a is then stored once,
+    padded, in the kernel that computes it. GPT-2's logits gradient was written three times
+    (as computed, padded for one backward matmul, with aligned rows for the other)."""
+    with g.inserting_after(a):
+        padded = g.call_function(aten.constant_pad_nd.default, (a, [0, pk], 0.0))
+    padded.meta = {**meta, "val": aten.constant_pad_nd(fa, [0, pk])}
+    if a.op != "call_function":
+        return padded
+    others = [u for u in a.users if u is not padded and u.op == "call_function"]
+    if others:
+        with g.inserting_after(padded):
+            first = g.call_function(aten.slice.Tensor, (padded, 1, 0, k))
+        first.meta = {**a.meta, "val": aten.slice(padded.meta["val"], 1, 0, k)}
+        for u in others:
+            u.replace_input_with(a, first)
+            _restride_views(u)
+    return padded
+
+
+def _restride_views(node: torch.fx.Node) -> None:
+    """A view now taken of the padded tensor's columns has its rows' stride: its meta value
+    says so, so that a matmul reading it is handed the view, not a copy in eager's strides."""
+    t = node.target
+    if not (isinstance(t, torch._ops.OpOverload) and t.is_view and isinstance(node.meta.get("val"), torch.Tensor)):
+        return
+    fakes = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+    with node.meta["val"].fake_mode:
+        node.meta["val"] = t(*fakes, **node.kwargs)
+    for u in node.users:
+        _restride_views(u)
+
+
 def pad_matmuls(gm: torch.fx.GraphModule) -> int:
     """Rewrite gm in place; returns how many matmuls it padded."""
     count = 0
@@ -53,7 +87,7 @@ def pad_matmuls(gm: torch.fx.GraphModule) -> int:
                 new = g.call_function(target, args)
                 new.meta = {**node.meta, "val": val}
                 return new
-            a2 = call(aten.constant_pad_nd.default, (a, [0, pk], 0.0), aten.constant_pad_nd(fa, [0, pk])) if pk else a
+            a2 = _padded_once(g, a, fa, k, pk, node.meta) if pk else a
             if fb.stride() == (1, fb.shape[0]):   # a Linear's weight, transposed: padded as it lies
                 bt = call(aten.permute.default, (b, [1, 0]), aten.permute(fb, [1, 0]))
                 bt = call(aten.constant_pad_nd.default, (bt, [0, pk, 0, pn], 0.0),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.user_frames import UserFrame, user_frames
+from engine.user_frames import UserFrame, frames_of, user_frames
 
 from .ir import ExternKernel
 
@@ -70,10 +70,11 @@ def kernel_origins(gm, steps) -> list[KernelOrigin]:
             for f in node.meta.get("fx_origins", ()):
                 if f not in fx:
                     fx.append(f)
-            frames = user_frames(node)
-            if frames and frames[-1] not in lines:
-                lines.append(frames[-1])
-                stacks.append(frames[-1 - STACK_FRAMES:-1])
+            # a node stands for the repeated calls merged into it too (aot/cse.py)
+            for frames in [user_frames(node)] + [frames_of(t) for t in node.meta.get("merged_stack_traces", ())]:
+                if frames and frames[-1] not in lines:
+                    lines.append(frames[-1])
+                    stacks.append(frames[-1 - STACK_FRAMES:-1])
         extern = isinstance(step, ExternKernel)
         op = f"{step.op.namespace}.{step.op._opname}.{step.op._overloadname}" if extern else ""
         out.append(KernelOrigin(step.name, "extern" if extern else "fused", op, aten, fx, lines, stacks))

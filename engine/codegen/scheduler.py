@@ -23,7 +23,7 @@ import observe
 
 from . import values as V
 from .index import VAR_RANGES, flatten, index_var, numel, unflatten
-from .ir import ComputedBuffer, ExternKernel, Reduction
+from .ir import UNDECLARED_VIEWS, ComputedBuffer, ExternKernel, Reduction
 
 
 @dataclasses.dataclass
@@ -181,17 +181,27 @@ class KernelBuilder:
         reduction) is emitted with the outputs innermost (cpp.py's column reduction); a
         pointwise member in its loop that stores along the reduction var contiguously would
         then be written with a large stride (a layer norm backward's input gradient fused
-        with its weight gradient): such a member gets its own kernel instead."""
+        with its weight gradient): such a member gets its own kernel instead. So does a sum
+        over rows beside a sum over columns."""
         if len(self.outer) != 1:
             return None
         x0 = self.outer_vars[0]
-        for inner in {m.inner for m in members if m.buf.is_reduction and m.inner}:
+        inners = {m.inner for m in members if m.buf.is_reduction and m.inner}
+
+        def walks(inner, x_step, r_step) -> bool:
             rl = self.inner_vars(inner)[-1]
-            column = any(e.coeff(x0) == 1 and e.coeff(rl) not in (0, 1)
-                         for m in members if m.buf.is_reduction and m.inner == inner
-                         for e in (sympy.expand(ld.extra) for ld in V.loads(m.value) if ld.kind == "load"))
-            if not column:
-                continue
+            return any(x_step(e.coeff(x0)) and r_step(e.coeff(rl))
+                       for m in members if m.buf.is_reduction and m.inner == inner
+                       for e in (sympy.expand(ld.extra) for ld in V.loads(m.value) if ld.kind == "load"))
+
+        columns = {i for i in inners if walks(i, lambda c: c == 1, lambda c: c not in (0, 1))}
+        if columns and any(walks(i, lambda c: c not in (0, 1), lambda c: c == 1) for i in inners - columns):
+            # a layer's weight gradient (sums over rows) beside its input gradient (sums over
+            # columns) when #rows == #cols: one tile shape serves one order and starves the
+            # other (a Llama RMSNorm backward's pair took 75 us on an H200, two kernels 36)
+            return "sums over rows and sums over columns read memory in opposite orders"
+        for inner in columns:
+            rl = self.inner_vars(inner)[-1]
             for m in members:
                 if not m.buf.is_reduction and m.inner == inner:
                     e = sympy.expand(m.store_index)
@@ -441,6 +451,10 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedul
         for n in (s.stored if isinstance(s, FusedKernel) else ()):
             produced_at[n] = i
     extern_read = set().union(*[s.reads() | s.mutates for s in final if isinstance(s, ExternKernel)]) if final else set()
+    # read by an extern whose result may share the argument's memory: that memory lives on
+    # in the result, so it never goes back to the pool (a matmul's operands do)
+    extern_aliased = set().union(*[s.reads() | s.mutates for s in final if isinstance(s, ExternKernel)
+                                   and _may_alias_its_arguments(s.op)]) if final else set()
     allocations: dict = {}
     frees: dict = {}
     reuse: dict = {}
@@ -490,7 +504,7 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedul
         if dead:
             frees[i] = sorted(dead)
             for n in sorted(dead):
-                if n not in extern_read and n not in graph_inputs and n not in set(reuse.values()) and n != written:
+                if n not in extern_aliased and n not in graph_inputs and n not in set(reuse.values()) and n != written:
                     free_pool.append((n, key(layouts[n])))
     return Schedule(final, allocations, frees, reuse, decisions)
 
@@ -520,6 +534,11 @@ def _scatter_in_place(ext: ExternKernel, dead: list, layouts: dict, graph_inputs
     ext.in_place_of = name
     decisions.append(f"{ext.name}: {ext.op} writes {name} in place (dead after it)")
     return name
+
+
+def _may_alias_its_arguments(op) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is None or op in UNDECLARED_VIEWS or any(r.alias_info is not None for r in schema.returns)
 
 
 def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_read) -> bool:

@@ -196,11 +196,36 @@ def _chain(source: str) -> Optional[list]:
         steps, pos = [(m.group(0), None)], m.end()
     while pos < len(source):
         step = _CHAIN_STEP.match(source, pos)
-        if step is None:
+        if step is not None:
+            pos = step.end()
+            steps.append((source[:pos], lambda e, t=step.group(0): e + t))
+            continue
+        # a key that is itself a chain: an optimizer's `state[<a parameter>]`
+        end = _matching_bracket(source, pos) if source.startswith("[", pos) else None
+        if end is None or _chain(source[pos + 1:end]) is None:
             return None
-        pos = step.end()
-        steps.append((source[:pos], lambda e, t=step.group(0): e + t))
+        steps.append((source[:end + 1], source[pos + 1:end]))
+        pos = end + 1
     return steps
+
+
+def _matching_bracket(text: str, start: int) -> Optional[int]:
+    """The index of the `]` that closes the `[` at start (brackets and quotes inside skipped)."""
+    depth, quote = 0, None
+    for i in range(start, len(text)):
+        c = text[i]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+            if depth == 0:
+                return i if c == "]" else None
+    return None
 
 
 def _matching_comma(text: str, start: int) -> Optional[int]:
@@ -245,6 +270,10 @@ class SharedPrefixes:
                 text = name
             elif render is None:
                 text = prefix      # the head: a dict lookup already
+            elif isinstance(render, str):      # a key read through its own shared prefixes
+                key = self.expression(render)
+                name = self.names[prefix] = f"___p{len(self.names)}"
+                text = f"({name} := {text}[{key}])"
             else:
                 slot = self._module_slot(prev, prefix) if self.lookup is not None else None
                 name = self.names[prefix] = f"___p{len(self.names)}"

@@ -204,7 +204,10 @@ def shrink(prog, impl, backend, outcome, budget=60.0, timeout=60):
     def still(cand):
         if time.time() > deadline:
             return False
-        return check(cand, impl, backend, timeout).sig == sig
+        try:
+            return check(cand, impl, backend, timeout).sig == sig
+        except Exception:   # noqa: BLE001  the deletion broke the program itself (a global a call still reads)
+            return False
 
     def attempt(mutate):
         nonlocal best

@@ -367,7 +367,12 @@ class TritonKernel:
             if syms & set(self.fk.outer_vars) or (syms & self.r_vars and self.reduction):
                 masks.insert(0, "xmask")
             buf_dt = self.layouts[v.name].dtype
-            if masks:
+            if masks and not syms & self.loop_vars:
+                # one address (a 0-dim tensor) inside a masked region (a pad): Triton takes a
+                # block mask only with a block of pointers, so the address is broadcast to it
+                mask = " & ".join(masks)
+                load = f"tl.load({ptr} + {self.index(e)} + ({mask}).to(tl.int32) * 0, {mask}, other=0)"
+            elif masks:
                 load = f"tl.load({ptr} + {self.index(e)}, {' & '.join(masks)}, other=0)"
             else:
                 load = f"tl.load({ptr} + {self.index(e)})"

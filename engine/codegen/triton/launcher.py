@@ -276,6 +276,22 @@ def _not_yet(*args) -> bool:
     return False
 
 
+def _split_repeater(workspace, device, partials, combine):
+    """A split reduction's two launches repeated with the first call's workspace kept: the
+    next call's partials overwrite it only after this call's combine has read it, on the
+    same stream (on another stream the launch takes the slow path, with a new workspace)."""
+    import torch
+    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_stream is None:
+        return None
+    device = int(device)
+    stream = get_stream(device)
+
+    def repeat(*args):
+        return get_stream(device) == stream and partials(workspace, *args) and combine(workspace, *args)
+    return repeat
+
+
 class Launcher:
     """kernel(*tensors_and_sizes, xnumel=..., rnumel=...): launches with the config for
     these sizes, chosen once per (xnumel, rnumel)."""
@@ -360,16 +376,25 @@ class Launcher:
 
     def _launch(self, cfg: Config, args, xnumel, rnumel=1):
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        repeats = []
         for fn, grid, a in self._kernels(cfg, args, xnumel):
             a = (*a, xnumel)
             done = self.direct.launch(fn, grid, a, kw, cfg) if self.direct is not None else None
             if done is None:
                 fn[grid](*a, **kw)
-            elif not self.split_slots and not self.autotune:   # one kernel: the next call repeats it
+            elif not self.autotune:
                 kernel, spec, device = done
-                repeat = kernel.repeater(grid, a, spec, device, self.direct._hooked, self.direct)
-                if repeat is not None:
-                    self.plans[(xnumel, rnumel)] = self.fast = repeat
+                repeats.append(kernel.repeater(grid, a, spec, device, self.direct._hooked, self.direct))
+        if not repeats or None in repeats:
+            return
+        if self.split_slots:
+            if len(repeats) != 2:
+                return
+            repeat = _split_repeater(a[0], device, *repeats)
+        else:
+            (repeat,) = repeats
+        if repeat is not None:    # the next call with these sizes repeats this launch
+            self.plans[(xnumel, rnumel)] = self.fast = repeat
 
     # -- max-autotune ------------------------------------------------------------------
     def _cache_path(self, s: Shape) -> str:
