@@ -435,3 +435,18 @@ def test_relu_keeps_negative_zero_as_eager_does(backend):
     for got, want in zip(engine.compile(fn, backend=backend)(x), fn(x)):
         torch.testing.assert_close(got, want, equal_nan=True)
         assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_addcmul_of_integers_with_a_float_value_computes_as_eager(backend):
+    # fuzz seed 403580: eager truncates `value` on an integer tensor; torch's reference
+    # decomposition raised instead, and the inductor backend crashed
+    def fn(x, y):
+        y.fill_(2)
+        y.addcmul_(y, y, value=0.5)
+        return x.addcmul(x, x, value=1.5)
+
+    x, want_x = torch.arange(-3, 4), torch.arange(-3, 4)
+    got = engine.compile(fn, backend=backend)(x, x)
+    want = fn(want_x, want_x)
+    assert torch.equal(got, want) and torch.equal(x, want_x)

@@ -132,13 +132,14 @@ def call_key(args: list[Any]) -> tuple:
 
 
 _OFFSET, _DATA_PTR, _ITEMSIZE = torch.Tensor.storage_offset, torch.Tensor.data_ptr, torch.Tensor.element_size
+_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def placement_key(args: list[Any]) -> tuple:
     """Where the inputs' memory lies, all a graph that writes an input or returns a view of
     one depends on once their specs are known (guarded): (each input's storage offset, the
     index of the first input sharing its storage), the same grouping as call_key's."""
-    if all(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args):
+    if set(map(type, args)) <= _PLAIN_TENSORS:
         # the common case, in C-level maps (an optimizer step's 600 inputs: 1.8 -> 0.3 ms):
         # every input on its own storage
         offsets = tuple(map(_OFFSET, args))

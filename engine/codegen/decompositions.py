@@ -115,6 +115,15 @@ def _gelu(decomposed, x, approximate="none"):
     return decomposed(x, approximate=approximate)
 
 
+def _int_with_float_value(decomposed, self, *args, value=1, **kwargs):
+    """torch's reference decomposition of addcmul refuses a float `value` on an integer
+    tensor (ValueError: cannot be safely cast), where eager truncates it and computes: such
+    a call stays whole, run by aten with eager's result (fuzz 403580)."""
+    if isinstance(value, float) and not (self.dtype.is_floating_point or self.dtype.is_complex):
+        return NotImplemented
+    return decomposed(self, *args, value=value, **kwargs)
+
+
 def _core_aten() -> dict:
     """Core-aten decompositions without the CompositeImplicitAutograd entries: those ops
     decompose by themselves while the AOT stage traces, and listing them makes torch
@@ -131,6 +140,9 @@ def decomposition_table() -> dict:
     table[aten.addmm.default] = functools.partial(_addmm, table[aten.addmm.default])
     table[aten.mean.default] = _mean_all
     table[aten.gelu.default] = functools.partial(_gelu, table[aten.gelu.default])
+    for op in (aten.addcmul.default, aten.addcmul_.default):
+        if op in table:
+            table[op] = functools.partial(_int_with_float_value, table[op])
     table.update(foreach_decompositions())
     for packet, fn in ((aten.var_mean, _var_mean), (aten.var, _var), (aten.std, _std), (aten.std_mean, _std_mean)):
         table[packet.correction] = fn
