@@ -91,3 +91,20 @@ def test_a_computed_operand_is_padded_once_for_all_its_users():
     real = [torch.randn(64, 50257), torch.randn(50257, 256), torch.randn(64, 256)]
     for got, want in zip(gm(*real), backward(*real)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_an_operand_two_matmuls_pad_is_padded_once():
+    def two_heads(h, w1, w2):
+        g = h * 2
+        return g @ w1, g @ w2
+
+    gm = traced(two_heads, (64, 50257), (50257, 256), (50257, 128))
+    assert pad_matmuls(gm) == 2
+    pads_of_g = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default
+                 and n.args[0].target is aten.mul.Tensor]
+    assert len(pads_of_g) == 1
+    assert not any(n.target is aten.constant_pad_nd.default and n.args[0].target is aten.slice.Tensor
+                   for n in gm.graph.nodes)
+    real = [torch.randn(64, 50257), torch.randn(50257, 256), torch.randn(50257, 128)]
+    for got, want in zip(gm(*real), two_heads(*real)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

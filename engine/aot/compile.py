@@ -3,7 +3,6 @@ of compiled entries behind the callable it returns."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from contextlib import nullcontext
 import itertools
@@ -368,6 +367,6 @@ def _saved_as_returned(backward: torch.fx.GraphModule, compiled_fw, num_user: in
                 or tuple(fake.stride()) == want or not all(isinstance(s, int) for s in fake.shape):
             continue
         mode = getattr(fake, "fake_mode", None)
-        with mode if mode is not None else contextlib.nullcontext():
+        with mode if mode is not None else nullcontext():
             examples[i] = torch.empty_strided(fake.shape, want, dtype=fake.dtype, device=fake.device)
     return examples

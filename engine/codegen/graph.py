@@ -54,8 +54,6 @@ def _same_strides(layout, fake) -> bool:
     return True
 
 
-
-
 def _aliases_an_input(node) -> bool:
     """Whether eager's value of `node` is a graph input's memory: the input itself, or ops
     whose schema says they return an alias of their first argument (`Tensor(a)`: views,

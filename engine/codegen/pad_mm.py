@@ -29,6 +29,9 @@ def _padded_once(g: torch.fx.Graph, a: torch.fx.Node, fa, k: int, pk: int, meta:
     the padded tensor's first k columns instead (the same values): a is then stored once,
     padded, in the kernel that computes it. GPT-2's logits gradient was written three times
     (as computed, padded for one backward matmul, with aligned rows for the other)."""
+    if a.target is aten.slice.Tensor and tuple(a.args[1:]) == (1, 0, k) \
+            and a.args[0].target is aten.constant_pad_nd.default and list(a.args[0].args[1]) == [0, pk]:
+        return a.args[0]      # already padded for another matmul
     with g.inserting_after(a):
         padded = g.call_function(aten.constant_pad_nd.default, (a, [0, pk], 0.0))
     padded.meta = {**meta, "val": aten.constant_pad_nd(fa, [0, pk])}

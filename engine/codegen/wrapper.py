@@ -255,13 +255,13 @@ def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
     return lines
 
 
-_MATMULS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
+_CONTIGUOUS_RESULTS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
 
 
 def _fresh_and_contiguous(ext: ExternKernel, layout) -> bool:
     """A matmul's result expected contiguous: aten allocates it so on every device, so the
     per-call layout check (a GPT-2 training step makes 147 matmuls) is left out."""
-    return (ext.op.overloadpacket in _MATMULS and ext.in_place_of is None and layout.offset == 0
+    return (ext.op.overloadpacket in _CONTIGUOUS_RESULTS and ext.in_place_of is None and layout.offset == 0
             and tuple(layout.strides) == tuple(contiguous_strides(layout.sizes)))
 
 

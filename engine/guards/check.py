@@ -178,9 +178,10 @@ _NAME_ARG = re.compile(r"""\s*('[^'\\]*'|"[^"\\]*")\s*\)""")
 
 def _chain(source: str) -> Optional[list]:
     """[(prefix, render)]: each prefix of a chain source, shortest first, with how to read it
-    from the expression of the one before; None for any other source."""
+    from the expression of the one before (a function, or for a subscript whose key is a
+    chain itself, that key's source); None for any other source."""
     if source.startswith("getattr("):
-        inner_end = _matching_comma(source, len("getattr("))
+        inner_end = _outside_brackets(source, len("getattr("), ",")
         if inner_end is None:
             return None
         base = _chain(source[len("getattr("):inner_end])
@@ -201,7 +202,7 @@ def _chain(source: str) -> Optional[list]:
             steps.append((source[:pos], lambda e, t=step.group(0): e + t))
             continue
         # a key that is itself a chain: an optimizer's `state[<a parameter>]`
-        end = _matching_bracket(source, pos) if source.startswith("[", pos) else None
+        end = _outside_brackets(source, pos + 1, "]") if source.startswith("[", pos) else None
         if end is None or _chain(source[pos + 1:end]) is None:
             return None
         steps.append((source[:end + 1], source[pos + 1:end]))
@@ -209,41 +210,24 @@ def _chain(source: str) -> Optional[list]:
     return steps
 
 
-def _matching_bracket(text: str, start: int) -> Optional[int]:
-    """The index of the `]` that closes the `[` at start (brackets and quotes inside skipped)."""
+def _outside_brackets(text: str, start: int, char: str) -> Optional[int]:
+    """The index of the first `char` at or after start that is outside any brackets and
+    quotes opened after start: the comma that ends getattr's first argument, the `]` that
+    closes a subscript."""
     depth, quote = 0, None
     for i in range(start, len(text)):
         c = text[i]
         if quote:
             if c == quote:
                 quote = None
-        elif c in "'\"":
-            quote = c
-        elif c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-            if depth == 0:
-                return i if c == "]" else None
-    return None
-
-
-def _matching_comma(text: str, start: int) -> Optional[int]:
-    """The index of the comma that ends getattr's first argument (brackets and quotes skipped)."""
-    depth, quote = 0, None
-    for i in range(start, len(text)):
-        c = text[i]
-        if quote:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-        elif c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-        elif c == "," and depth == 0:
+        elif c == char and depth == 0:
             return i
+        elif c in "'\"":
+            quote = c
+        elif c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
     return None
 
 
