@@ -26,6 +26,18 @@ from tests.fuzz import gen, harness, runner  # noqa: E402
 CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor", range(2000, 2008))]
 
 
+# programs that once gave a wrong or stale result, each with the backend it failed on
+FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that is y: now a graph break
+         (404034, "inductor")]    # the std of one silu'd element: inf where eager gives nan
+
+
+@pytest.mark.parametrize("seed,backend", FIXED)
+def test_a_fuzz_program_that_once_failed_matches_eager(seed, backend):
+    prog, _ = gen.generate(seed)
+    outcome = runner.check(prog, "engine", backend)
+    assert outcome.category == "pass", outcome.line()
+
+
 def _program_lines(src):
     """The program without its fixed header (imports, DEVNULL, LOG) and blank lines."""
     header = src.split("DEVNULL = Sink()\n", 1)[0] + "DEVNULL = Sink()\n"

@@ -450,3 +450,17 @@ def test_addcmul_of_integers_with_a_float_value_computes_as_eager(backend):
     got = engine.compile(fn, backend=backend)(x, x)
     want = fn(want_x, want_x)
     assert torch.equal(got, want) and torch.equal(x, want_x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_variance_of_one_element_is_nan_as_in_eager(backend):
+    # fuzz seed 404034: the one element's deviation from its mean is exactly 0 in eager
+    # (0/0: nan); silu recomputed in the other loop differed in the last bit, and gave inf
+    def fn(w):
+        t = F.silu(w)
+        return t.std(), t.var(correction=0), F.gelu(w * 3).var(0, keepdim=True)
+
+    w = torch.tensor([0.7311])
+    for got, want in zip(engine.compile(fn, backend=backend)(w), fn(w)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+

@@ -273,6 +273,13 @@ def call_torch_op(tx, fn, args, kwargs):
             # distance_function): traced through, as torch.compile does
             return inline_user_function(tx, fn, args, kwargs, None)
         raise GraphBreak("GB0011", f"{getattr(fn, '__name__', fn)} called with unsupported argument types")
+    out = kwargs.get("out")
+    if any(isinstance(o, TensorVariable) and not o.fake.is_contiguous()
+           for o in (out.items if isinstance(out, (ListVariable, TupleVariable)) else [out])):
+        # eager writes a strided out= tensor element by element, reading inputs that may
+        # overlap it as they change (`sub(y, y[0], out=y)` on a view); the graph computes,
+        # then copies. torch.compile runs such a call eagerly too (fuzz 404182)
+        raise GraphBreak("GB0017", f"{getattr(fn, '__name__', fn)} with an out= tensor that is not contiguous")
     scaled = optimizers.foreach_scaled_by_tensor(tx, fn, args, kwargs)
     if scaled is not None:
         return scaled

@@ -51,7 +51,9 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
         n = n * x.shape[d]
     src = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
     mean = torch.sum(src, dims, keepdim=True) / n
-    diff = src - mean
+    # one element: its deviation is exactly 0 in eager (0/0 = nan with a correction); src is
+    # recomputed in the other loop, where vector and scalar math may differ in the last bit
+    diff = src - src if isinstance(n, int) and n == 1 else src - mean
     var = torch.sum(diff * diff, dims, keepdim=keepdim) / max(0, n - correction)
     if not keepdim:
         mean = torch.squeeze(mean, dims)
