@@ -7,12 +7,15 @@ reduce-overhead) and ours (default, reduce-overhead), one run:
 
 Per graph and implementation: microseconds per call (wall time of many calls, one
 synchronize at the end: the rate the host issues them; the best of 7 rounds), and the
-ratio to torch.compile's in the same mode."""
+ratio to torch.compile's in the same mode. Each implementation runs in a fresh process
+(`--same-process` to share one), so none inherits another's threads and caches."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -98,11 +101,20 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="cProfile ours (default mode) per graph instead")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu to see the host's share alone")
     ap.add_argument("--graphs", default=None, help="a comma list of graph names' first words (default: all)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="measure every implementation in this process; by default each runs in a fresh one "
+                         "(on the CPU, torch.compile's OpenMP threads left spinning made our kernels 3.6x slower)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # graph-first-word:impl, in a child
     args = ap.parse_args(argv)
     global DEV
     DEV = args.device
     chosen = {k: v for k, v in graphs().items()
               if args.graphs is None or k.split(",")[0].split()[0] in args.graphs.split(",")}
+    if args.one:
+        word, impl = args.one.split(":")
+        (fn, a), = [v for k, v in chosen.items() if k.split()[0] == word]
+        print(json.dumps(us_per_call(compiled(impl, fn), a, args.calls)))
+        return
     if args.profile:
         import cProfile
         import pstats
@@ -119,10 +131,23 @@ def main(argv=None):
     print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu'}: microseconds per call")
     print(f"{'graph':14} " + " ".join(f"{i:>9}" for i in impls) + f" {'ours/torch':>11} {'ro: ours/torch':>15}")
     for name, (fn, a) in chosen.items():
-        us = {i: us_per_call(compiled(i, fn), a, args.calls) for i in impls}
+        if args.same_process:
+            us = {i: us_per_call(compiled(i, fn), a, args.calls) for i in impls}
+        else:
+            us = {i: _in_child(name.split()[0], i, args) for i in impls}
         ro = f" {us['ours-ro'] / us['torch-ro']:15.2f}" if "ours-ro" in us else ""
         print(f"{name:14} " + " ".join(f"{us[i]:9.1f}" for i in impls) + f" {us['ours'] / us['torch']:11.2f}" + ro,
               flush=True)
+
+
+def _in_child(word: str, impl: str, args) -> float:
+    cmd = [sys.executable, "-m", "tests.bench.bench_host_overhead", "--one", f"{word}:{impl}", "--calls",
+           str(args.calls), "--device", args.device]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], flush=True)
+        raise RuntimeError(f"the child process for {word}:{impl} exited with {proc.returncode}")
+    return float(proc.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
