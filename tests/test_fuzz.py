@@ -28,7 +28,8 @@ CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor",
 
 # programs that once gave a wrong or stale result, each with the backend it failed on
 FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that is y: now a graph break
-         (404034, "inductor")]    # the std of one silu'd element: inf where eager gives nan
+         (404034, "inductor"),    # the std of one silu'd element: inf where eager gives nan
+         (405199, "inductor")]    # torch.tensor([...]) handed over a break as the graph's constant itself
 
 
 @pytest.mark.parametrize("seed,backend", FIXED)

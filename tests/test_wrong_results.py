@@ -464,3 +464,22 @@ def test_the_variance_of_one_element_is_nan_as_in_eager(backend):
     for got, want in zip(engine.compile(fn, backend=backend)(w), fn(w)):
         torch.testing.assert_close(got, want, equal_nan=True)
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tensor_made_from_a_list_is_new_on_every_call(backend):
+    # fuzz seed 405199: `torch.tensor([...])` lives across a graph break and is written
+    # after it; the generated code returned the graph's constant itself, so the write
+    # changed it for every later call
+    def fn(z):
+        t = torch.tensor([1.0, -2.0, 3.0])
+        float(z.mean())                  # a graph break
+        before = t.cos() + t
+        t[1:] = z
+        return before.softmax(-1), t
+
+    f = engine.compile(fn, backend=backend)
+    for _ in range(3):
+        z = torch.randn(2)
+        for got, want in zip(f(z), fn(z)):
+            torch.testing.assert_close(got, want)

@@ -394,11 +394,13 @@ class GraphLowering:
             if view is None:
                 value = self.realize(value, fake)
             elif not _aliases_an_input(node) and (view[0] in self.input_nodes or view[0] in self.alias_buffers
+                                                  or view[0] in self.constants
                                                   or (view[0] in claimed and (storage is None
                                                                               or claimed[view[0]][0] != storage))):
                 # the op made new memory in eager (clone, diag, repeat, ...) though its values are
                 # read in place from memory someone else sees (an input, a view of one, another
-                # output): the output is a copy, never the caller's tensor
+                # output, a constant of the graph: `torch.tensor([...])` is one per call in eager,
+                # fuzz 405199): the output is a copy, never the caller's tensor
                 value = self.realize(value, fake, copy=True)
             mine = self.as_strided(value)[0]
             if user and storage is not None and any(st == storage and buf != mine and other is not node
