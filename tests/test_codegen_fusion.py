@@ -215,3 +215,26 @@ def test_a_full_reduction_never_serializes_a_large_sibling_kernel():
     kernels = [ln for ln in "\n".join(cap.texts(log="schedule")).splitlines() if ": outer " in ln]
     assert any(": outer [64, 128, 64]" in k and "sum" not in k.split(":")[0] for k in kernels), kernels
     assert any(": outer []" in k and "sum" in k.split(":")[0] for k in kernels), kernels
+
+
+def test_a_loss_gradient_written_into_padded_rows_fuses_with_the_row_sums_it_reads():
+    """A cross-entropy's logit gradient, stored into rows padded to a multiple of 8 (what
+    pad_mm makes of a GPT-2 vocabulary of 50257 for the matmul that reads it): one kernel
+    with the row sums, looping over the padded row after the unpadded one, and the logits
+    are read row by row (no division by the row length in any index)."""
+    logits, labels = torch.randn(4, 16, 1003), torch.randint(0, 1003, (4, 16))
+
+    def loss_backward(logits, labels):
+        flat = logits.view(-1, 1003)
+        lsm = torch.log_softmax(flat, -1)
+        g = torch.ops.aten._log_softmax_backward_data(
+            torch.zeros_like(flat).scatter(1, labels.view(-1, 1), -1 / 64), lsm, 1, torch.float32)
+        return F.pad(g, (0, 5))
+
+    with Capture(logs=["schedule"]) as cap:
+        c = check(loss_backward, logits, labels, rtol=1e-4, atol=1e-6)
+    [sched] = cap.texts(log="schedule")
+    rows = [line for line in sched.splitlines() if "inner [1008]" in line]
+    assert rows and "inner [1003]" in rows[0], sched      # the padded row is a phase of the sums' kernel
+    code = "\n".join(c.artifacts[k] for k in c.artifacts if k.startswith("output_code"))
+    assert "/ 1003" not in code and "% 1003" not in code, code

@@ -549,6 +549,20 @@ def cat(g, tensors, dim=0):
     return pointwise(sizes, dtype, device, fn)
 
 
+def _load_within(x: TensorValue, sub: list, dims) -> "V.Value":
+    """x read at sub, where each sub[d] of dims is known to lie inside x's range there (the
+    caller masks the load to it): the index is built over symbols with x's ranges and the
+    positions put in after, so that views of x simplify as over x itself. Built over the
+    caller's range, `(1003*x0 + r0) // 1003` stays a division where r0 runs past 1003 (a
+    padded row), and every element pays for it."""
+    dims = [d for d in dims if sympy.sympify(x.sizes[d]).is_Integer]
+    inside, at = list(sub), {}
+    for d in dims:
+        p = index_var(f"within{d}_{int(x.sizes[d])}", x.sizes[d])
+        inside[d], at[p] = p, sub[d]
+    return V.subs(x.loader(inside), at) if at else x.loader(sub)
+
+
 @register(aten.constant_pad_nd.default)
 def constant_pad_nd(g, a, pad, value=0):
     sizes, dtype, device = out_meta(g)
@@ -568,9 +582,10 @@ def constant_pad_nd(g, a, pad, value=0):
                      V.op("lt", V.index_value(idx[d]), V.index_value(lo + a.sizes[d]), dtype=torch.bool)]
             for c in conds:
                 mask = c if mask is None else V.op("logical_and", mask, c, dtype=torch.bool)
-        body = V.cast(a.loader(sub), cdt)
         if mask is None:
-            return body
+            return V.cast(a.loader(sub), cdt)
+        padded = [nd - 1 - k for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]]
+        body = V.cast(_load_within(a, sub, padded), cdt)
         return V.op("where", mask, V.masked(mask, body, 0), V.const(value, cdt), dtype=cdt)
     return pointwise(sizes, dtype, device, fn)
 
@@ -775,7 +790,7 @@ def slice_scatter(g, base, src, dim=0, start=None, end=None, step=1):
             mask = V.op("logical_and", mask, c, dtype=torch.bool)
         sub = list(idx)
         sub[dim] = FloorDivp(rel, step) if step != 1 else rel
-        body = V.cast(src.loader(sub), cdt)
+        body = V.cast(_load_within(src, sub, [dim]) if step == 1 else src.loader(sub), cdt)
         return V.op("where", mask, V.masked(mask, body, 0), V.cast(base.loader(list(idx)), cdt), dtype=cdt)
     if step != 1:
         return NotImplemented

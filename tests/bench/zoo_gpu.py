@@ -189,7 +189,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     if PROFILE:
         row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
     if HOST_PROFILE:
-        row["host_profile"] = host_profile(call)
+        row["host_profile"] = host_profile(call, save_as=f"{name}-{row['mode']}-{impl}")
     if MEMORY:
         row["memory"] = peak_sites(call)
         row["warm_memory"] = warm_memory
@@ -236,9 +236,10 @@ def top_kernels(call, n=15, steps=3):
             {k: [round(ms, 3), c] for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
 
 
-def host_profile(call, calls=50, n=25) -> list:
+def host_profile(call, calls=50, n=25, save_as=None) -> list:
     """cProfile over `calls` calls: the n functions with the most own time, [us a call, calls
-    a call, where]."""
+    a call, where]. With $OUT set the whole profile is written there too
+    (host-<save_as>.pstats)."""
     import cProfile
     import pstats
     torch.cuda.synchronize()
@@ -248,6 +249,8 @@ def host_profile(call, calls=50, n=25) -> list:
         call()
     prof.disable()
     torch.cuda.synchronize()
+    if os.environ.get("OUT") and save_as:     # the whole profile, for pstats / snakeviz
+        prof.dump_stats(os.path.join(os.environ["OUT"], f"host-{save_as}.pstats"))
     st = pstats.Stats(prof)
     rows = [(tt / calls * 1e6, nc / calls, f"{os.path.basename(f)}:{ln} {name}")
             for (f, ln, name), (cc, nc, tt, ct, callers) in st.stats.items()]
