@@ -81,13 +81,33 @@ def test_a_computed_operand_is_padded_once_for_all_its_users():
         return g @ w, g.t() @ h
 
     gm = traced(backward, (64, 50257), (50257, 256), (64, 256))
-    assert pad_matmuls(gm) == 1
+    assert pad_matmuls(gm) == 2
     mul = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
     assert [u.target for u in mul.users] == [aten.constant_pad_nd.default]
-    # the transposed view says it reads the padded rows: the matmul is handed the view as it is
-    (t,) = [n for n in gm.graph.nodes if n.target in (aten.t.default, aten.permute.default, aten.transpose.int)
-            and n.args[0].target is aten.slice.Tensor]
-    assert t.meta["val"].stride() == (1, 50264)
+    # `g.t() @ h` has 50257 rows: it reads all of the padded copy, transposed (its extra rows
+    # are zeros), and its result is the product's first 50257 rows, a dense view
+    (pad,) = mul.users
+    (pt,) = [n for n in pad.users if n.target is aten.permute.default]
+    (mm,) = pt.users
+    (rows,) = mm.users
+    assert rows.target is aten.slice.Tensor and tuple(rows.args[1:]) == (0, 0, 50257)
+    assert rows.meta["val"].is_contiguous()
+    real = [torch.randn(64, 50257), torch.randn(50257, 256), torch.randn(64, 256)]
+    for got, want in zip(gm(*real), backward(*real)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_the_weight_gradient_reads_the_padded_copy_whichever_matmul_comes_first():
+    def backward(logits, w, h):
+        g = logits * 2
+        return g.t() @ h, g @ w
+
+    gm = traced(backward, (64, 50257), (50257, 256), (64, 256))
+    assert pad_matmuls(gm) == 2
+    mms = [n for n in gm.graph.nodes if n.target is aten.mm.default]
+    (wgrad,) = [n for n in mms if n.args[0].target is aten.permute.default]
+    assert wgrad.args[0].args[0].target is aten.constant_pad_nd.default
+    assert wgrad.args[0].meta["val"].shape == (50264, 64)
     real = [torch.randn(64, 50257), torch.randn(50257, 256), torch.randn(64, 256)]
     for got, want in zip(gm(*real), backward(*real)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
