@@ -614,3 +614,24 @@ def test_channels_last_pointwise_walks_memory_order():
     out = c(x, torch.randn(8, 1, 1))
     out = out[0] if isinstance(out, (list, tuple)) else out
     assert out.stride() == x.stride()
+
+
+def test_the_layers_of_a_stack_launch_one_kernel_each_copy():
+    """Four identical blocks (matmul, bias, layer norm, GELU): each block's kernels differ only
+    in the buffers they read and write, so the later blocks launch the first block's
+    kernels (compiled once; a profile shows each launched four times). A block with
+    another width keeps its own."""
+    ws = [torch.randn(32, 32) / 6 for _ in range(4)] + [torch.randn(32, 48) / 6]
+
+    def stack(x, *ws):
+        for w in ws:
+            x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
+        return x
+
+    c = check(stack, torch.randn(16, 32), *ws, rtol=1e-4, atol=1e-4)
+    code = c.artifacts["output_code.py"]
+    copies = [line for line in code.splitlines() if line.endswith("# the same kernel")]
+    launchers = [line for line in code.splitlines() if "= Launcher(_mod." in line]
+    assert len(copies) == 3 and len(launchers) == 2, code
+    src = kernels_of(c)
+    assert src.count("\ndef kernel") == 2
