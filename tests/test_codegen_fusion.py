@@ -238,3 +238,19 @@ def test_a_loss_gradient_written_into_padded_rows_fuses_with_the_row_sums_it_rea
     assert rows and "inner [1003]" in rows[0], sched      # the padded row is a phase of the sums' kernel
     code = "\n".join(c.artifacts[k] for k in c.artifacts if k.startswith("output_code"))
     assert "/ 1003" not in code and "% 1003" not in code, code
+
+
+def test_the_layers_of_a_stack_call_one_compiled_kernel_each_copy():
+    """Four identical blocks: the later blocks' kernels are the first block's (same code over
+    other buffers), compiled once; a block of another width keeps its own."""
+    ws = [torch.randn(32, 32) / 6 for _ in range(4)] + [torch.randn(32, 48) / 6]
+
+    def stack(x, *ws):
+        for w in ws:
+            x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
+        return x
+
+    c = check(stack, torch.randn(16, 32), *ws, rtol=1e-4, atol=1e-4)
+    code = c.artifacts["output_code.py"]
+    assert sum(line.endswith("# the same kernel") for line in code.splitlines()) == 3, code
+    assert code.count('extern "C" void kernel') == 2, code

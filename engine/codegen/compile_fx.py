@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 import observe
 
 from . import values as V
-from . import cache_explain
+from . import cache_explain, kernel_copies
 from .cache import has_vector_math
 from .cpp import prelude, render_kernel
 from .graph import GraphLowering, Unsupported
@@ -218,17 +218,19 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
         return triton_codegen.compile_triton(gm, g, sched, out_spec, key, ir_pre)
 
     with observe.stage("codegen"):
-        kernel_sigs, kernel_srcs = {}, []
+        kernel_sigs, kernel_srcs = {}, {}
         for step in sched.steps:
             if isinstance(step, FusedKernel):
                 src, bufs, syms, written = render_kernel(step, g.buffer_layouts)
                 kernel_sigs[step.name] = (bufs, syms, written)
-                kernel_srcs.append(src)
+                kernel_srcs[step.name] = src
                 observe.emit("artifact", {"name": "kernel_code", "kernel": step.name, "encoding": "string"},
                              (lambda s=src, n=step.name: f"# kernel {n}\n{s}"), log="kernel_code")
                 _kernel_hints(step, g)
-        cpp_source = prelude(has_vector_math()) + "\n" + "\n".join(kernel_srcs)
-        wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key)
+        same_as = kernel_copies.copies({n: (src, None) for n, src in kernel_srcs.items()})
+        cpp_source = prelude(has_vector_math()) + "\n" + "\n".join(
+            src for n, src in kernel_srcs.items() if n not in same_as)
+        wrapper_src = generate(g, sched, cpp_source, kernel_sigs, repr(out_spec), key, same_as)
         if not kernel_sigs:
             cache_explain.report("bypass", key, None, [], ["no generated kernels: every op runs as an aten call"])
     module = load_wrapper(wrapper_src, key, g)      # compiles (or loads from the cache) the kernels

@@ -6,12 +6,12 @@ their outputs, as the scheduler fused them)."""
 from __future__ import annotations
 
 import hashlib
-import re
 
 import observe
 
 from engine import config
 
+from .. import kernel_copies
 from .. import values as V
 from ..scheduler import FusedKernel
 from ..runtime import meta_empty_strided
@@ -102,32 +102,14 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
     return compiled
 
 
-_BUFFER_NAME = re.compile(r"(?<![A-Za-z0-9])(?:buf|arg|extern)\d+(?![0-9])")
-
-
-def _canonical(ks) -> tuple:
-    """A kernel's source with its own name and the names of the buffers it reads and writes
-    (in parameters, accumulators, reduction results) numbered by first use, and what its
-    launcher is built from: equal for two layers' copies of one kernel."""
-    src = ks.source.replace(ks.name, "KERNEL")
-    order: dict = {}
-    src = _BUFFER_NAME.sub(lambda m: order.setdefault(m.group(0), f"b{len(order)}"), src)
-    inplace = tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
-    return src, ks.kind, ks.persistent, ks.x_contiguous, ks.split_slots, inplace, str(ks.xnumel), str(ks.rnumel)
-
-
 def _same_kernels(kernels: dict, in_combos: set) -> dict:
-    """name -> the earlier kernel it is a copy of (a transformer's layers repeat their
-    kernels): the copy launches the first one's binary, compiled once, and a profile shows
-    one kernel launched once a layer. Kernels launched inside a combo keep their own."""
-    first, same_as = {}, {}
-    for name, ks in kernels.items():
-        if name in in_combos:
-            continue
-        rep = first.setdefault(_canonical(ks), name)
-        if rep != name:
-            same_as[name] = rep
-    return same_as
+    """name -> the earlier kernel it is a copy of (kernel_copies): the copy launches the first
+    one's binary, and a profile shows one kernel launched once a layer. Kernels launched
+    inside a combo keep their own."""
+    def launch(ks):
+        inplace = tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
+        return ks.kind, ks.persistent, ks.x_contiguous, ks.split_slots, inplace, str(ks.xnumel), str(ks.rnumel)
+    return kernel_copies.copies({name: (ks.source, launch(ks)) for name, ks in kernels.items() if name not in in_combos})
 
 
 def _combos(sched, kernels: dict, interpret: bool) -> list:
