@@ -107,9 +107,13 @@ def _same_kernels(kernels: dict, in_combos: set) -> dict:
     one's binary, and a profile shows one kernel launched once a layer. Kernels launched
     inside a combo keep their own."""
     def launch(ks):
-        inplace = tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
-        return ks.kind, ks.persistent, ks.x_contiguous, ks.split_slots, inplace, str(ks.xnumel), str(ks.rnumel)
-    return kernel_copies.copies({name: (ks.source, launch(ks)) for name, ks in kernels.items() if name not in in_combos})
+        return ks.kind, ks.persistent, ks.x_contiguous, ks.split_slots, _inplace(ks), str(ks.xnumel), str(ks.rnumel)
+    return kernel_copies.copies({n: (ks.source, launch(ks)) for n, ks in kernels.items() if n not in in_combos})
+
+
+def _inplace(ks) -> tuple:
+    """Positions of the buffers the kernel reads and writes (autotuning times it on copies)."""
+    return tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
 
 
 def _combos(sched, kernels: dict, interpret: bool) -> list:
@@ -154,7 +158,7 @@ def generate(g, sched, kernel_src: str, kernels: dict, graph_key: str, interpret
             if name in same_as:
                 lines.append(f"{name} = {same_as[name]}  # the same kernel")
                 continue
-            inplace = tuple(i for i, b in enumerate(ks.buffers) if b in ks.written and b in ks.read)
+            inplace = _inplace(ks)
             split = f", split_fn=_mod.{name}_split, split_slots={ks.split_slots}" if ks.split_slots else ""
             lines.append(f"{name} = Launcher(_mod.{name}, {name!r}, {ks.kind!r}, persistent={ks.persistent}, "
                          f"x_contiguous={ks.x_contiguous}, autotune={autotune}, interpret={interpret}, "
