@@ -374,3 +374,33 @@ def test_a_conv_net_runs_channels_last_with_eager_results():
             torch.cuda.synchronize()
         names = [e.key for e in prof.key_averages()]
         assert not [n for n in names if "nchwToNhwc" in n or "nhwcToNchw" in n], names
+
+
+def test_the_blocks_of_a_stack_launch_one_compiled_kernel_each_copy():
+    """Six identical bf16 blocks (matmul, bias, layer norm, GELU), forward and backward: the
+    later blocks' kernels are the first block's (one binary, launched once a block), and the
+    results and gradients are eager's."""
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.LayerNorm(256),
+                                                       torch.nn.GELU()) for _ in range(6)]).to(DEV)
+    x = torch.randn(512, 256, device=DEV, requires_grad=True)
+
+    def loss_of(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return blocks(x).float().square().mean()
+
+    want = loss_of(x)
+    want.backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()]
+    x.grad = None
+    blocks.zero_grad(set_to_none=True)
+    with logs("output_code") as code:
+        got = engine.compile(loss_of, backend="inductor")(x)
+        got.backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
+    for g, w in zip([x.grad] + [p.grad for p in blocks.parameters()], want_grads):
+        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
+    copies = sum(line.endswith("# the same kernel") for c in code for line in c.splitlines())
+    assert copies >= 2 * 4, "\n".join(code)[-4000:]     # at least 4 of 6 blocks, forward and backward
