@@ -35,3 +35,16 @@ def check(fn, *inputs, rtol=1e-5, atol=1e-5, allow_fallback=False):
         else:
             assert g == w, (i, g, w)
     return compiled
+
+
+def stack_of_blocks():
+    """(fn, inputs): four identical blocks (matmul, bias, layer norm, GELU) and one of another
+    width, the repeated layers whose kernels the emitters compile once (kernel_copies)."""
+    F = torch.nn.functional
+    ws = [torch.randn(32, 32) / 6 for _ in range(4)] + [torch.randn(32, 48) / 6]
+
+    def stack(x, *ws):
+        for w in ws:
+            x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
+        return x
+    return stack, (torch.randn(16, 32), *ws)

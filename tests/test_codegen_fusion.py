@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import observe
-from codegen_helpers import check, compile_graph
+from codegen_helpers import check, compile_graph, stack_of_blocks
 
 X = torch.randn(8, 32)
 
@@ -243,14 +243,8 @@ def test_a_loss_gradient_written_into_padded_rows_fuses_with_the_row_sums_it_rea
 def test_the_layers_of_a_stack_call_one_compiled_kernel_each_copy():
     """Four identical blocks: the later blocks' kernels are the first block's (same code over
     other buffers), compiled once; a block of another width keeps its own."""
-    ws = [torch.randn(32, 32) / 6 for _ in range(4)] + [torch.randn(32, 48) / 6]
-
-    def stack(x, *ws):
-        for w in ws:
-            x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
-        return x
-
-    c = check(stack, torch.randn(16, 32), *ws, rtol=1e-4, atol=1e-4)
+    stack, inputs = stack_of_blocks()
+    c = check(stack, *inputs, rtol=1e-4, atol=1e-4)
     code = c.artifacts["output_code.py"]
     assert sum(line.endswith("# the same kernel") for line in code.splitlines()) == 3, code
     assert code.count('extern "C" void kernel') == 2, code

@@ -621,14 +621,9 @@ def test_the_layers_of_a_stack_launch_one_kernel_each_copy():
     in the buffers they read and write, so the later blocks launch the first block's
     kernels (compiled once; a profile shows each launched four times). A block with
     another width keeps its own."""
-    ws = [torch.randn(32, 32) / 6 for _ in range(4)] + [torch.randn(32, 48) / 6]
-
-    def stack(x, *ws):
-        for w in ws:
-            x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
-        return x
-
-    c = check(stack, torch.randn(16, 32), *ws, rtol=1e-4, atol=1e-4)
+    from codegen_helpers import stack_of_blocks
+    stack, inputs = stack_of_blocks()
+    c = check(stack, *inputs, rtol=1e-4, atol=1e-4)
     code = c.artifacts["output_code.py"]
     copies = [line for line in code.splitlines() if line.endswith("# the same kernel")]
     launchers = [line for line in code.splitlines() if "= Launcher(_mod." in line]

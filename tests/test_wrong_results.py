@@ -465,7 +465,6 @@ def test_the_variance_of_one_element_is_nan_as_in_eager(backend):
         torch.testing.assert_close(got, want, equal_nan=True)
 
 
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_tensor_made_from_a_list_is_new_on_every_call(backend):
     # fuzz seed 405199: `torch.tensor([...])` lives across a graph break and is written
