@@ -304,3 +304,37 @@ def test_a_matmul_result_is_taken_as_aten_returns_it():
               torch.randn(16))
     calls = [ln.strip() for ln in c.source.split("def call")[1].splitlines() if "aten.addmm" in ln or "aten.mm" in ln]
     assert len(calls) == 2 and not any("ensure_layout" in ln for ln in calls), calls
+
+
+# kernel, stride, padding, dilation, ceil_mode: ResNet's stem pool, a pool with no padding, a
+# stride-1 one, a dilated one, ceil mode with windows hanging past the edge, and unequal sides
+POOLS = [(3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 1, 1, 1, False), (3, 2, 1, 2, False),
+         (3, 2, 1, 1, True), (2, 3, 1, 1, True), ((3, 2), (2, 1), (1, 0), 1, False)]
+
+
+@pytest.mark.parametrize("pool", POOLS, ids=[str(p) for p in POOLS])
+def test_max_pool_is_one_kernel_with_eagers_values_and_indices(pool):
+    """A batch norm's output pooled (ResNet's stem) is one kernel with the pool's taps
+    in it, no aten pooling call. Windows of NaN, of -inf only and of ties pick the index
+    eager picks; channels-last input keeps eager's strides."""
+    k, s, p, d, ceil = pool
+    x = torch.randn(2, 3, 9, 10)
+    x[0, 0, 1, 1] = float("nan")
+    x[1, 2, :3, :3] = float("-inf")
+    x[0, 1, 2:5, 2:5] = 0.5
+
+    def pool_of(x, w):
+        y = torch.relu(x * w.view(1, 3, 1, 1)) - 1 + x
+        return F.max_pool2d(y, k, s, p, d, ceil_mode=ceil), F.max_pool2d(y, k, s, p, d, ceil_mode=ceil,
+                                                                       return_indices=True)
+
+    w = torch.randn(3)
+    for inp in (x, x.to(memory_format=torch.channels_last)):
+        c = check(pool_of, inp, w)
+        assert c.n_externs == 0, c.source
+        assert c(inp, w)[0].stride() == pool_of(inp, w)[0].stride()
+
+
+def test_max_pool_of_bfloat16_is_exact():
+    x = torch.randn(2, 4, 11, 11).to(torch.bfloat16)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1), x, rtol=0, atol=0)

@@ -98,3 +98,29 @@ def test_opinfo_full_sweep_float32(backend, tmp_path):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_opinfo_full_sweep_other_dtypes(backend, tmp_path):
     _check(_run_cli(tmp_path, backend, "float64,int64,bool,bfloat16"))
+
+
+def test_a_bfloat16_result_closer_to_float64_than_eager_is_noise_and_one_further_is_wrong():
+    """eager rounds bfloat16 `cross` to bfloat16 at every step; a compiler that keeps the
+    steps in float32 differs from eager beyond bfloat16's tolerance, yet is nearer the
+    float64 result: noise. A result off by more than eager's own error is wrong."""
+    _need_op_db()
+    import torch
+    from tests import opinfo_sweep as s
+
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(64, 3, generator=g).mul(9).to(torch.bfloat16) for _ in range(2))
+    args, kwargs = (x, y), {"dim": 1}
+    eager = torch.linalg.cross(x, y, dim=1)
+    in_float32 = torch.linalg.cross(x.float(), y.float(), dim=1).to(torch.bfloat16)
+    rtol, atol = s.DEFAULT_TOL[torch.bfloat16]
+    assert s.compare(eager, in_float32, "values", rtol, atol), "the sample must differ beyond tolerance"
+    assert s.rounding_noise(torch.linalg.cross, args, kwargs, 0, (eager, (args, kwargs)),
+                            (in_float32, (args, kwargs)), rtol, atol)
+    off = in_float32 + 1.0
+    assert not s.rounding_noise(torch.linalg.cross, args, kwargs, 0, (eager, (args, kwargs)),
+                                (off, (args, kwargs)), rtol, atol)
+    nan = in_float32.clone()
+    nan[0, 0] = float("nan")
+    assert not s.rounding_noise(torch.linalg.cross, args, kwargs, 0, (eager, (args, kwargs)),
+                                (nan, (args, kwargs)), rtol, atol)

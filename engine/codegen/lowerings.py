@@ -590,6 +590,80 @@ def constant_pad_nd(g, a, pad, value=0):
     return pointwise(sizes, dtype, device, fn)
 
 
+@register(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(g, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """Each output is the max of its window's taps, read where they lie inside the input:
+    a pointwise kernel (fused with the batch norm and relu before it in a ResNet), not
+    aten's pooling kernel. The indices, where something reads them, are the flat H*W
+    position of the tap eager picks: the first valid one, then each later one that is
+    greater or NaN (so NaN wins, as in aten)."""
+    vals_fake, idx_fake = fake_of(g.current_node)
+    nd = len(x.sizes)
+    if nd not in (3, 4) or not x.dtype.is_floating_point:
+        return NotImplemented
+
+    def pair(v):
+        v = [v] if isinstance(v, int) else list(v)
+        return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+    (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
+    sh, sw = pair(stride) if stride else (kh, kw)
+    if kh * kw > 49:
+        return NotImplemented   # a window that wide is a reduction, not a row of loads
+    H, W = x.sizes[-2], x.sizes[-1]
+    sizes = tuple(to_sympy(s) for s in vals_fake.shape)
+    OH, OW = sizes[-2], sizes[-1]
+    cdt = V.compute_dtype(x.dtype)
+
+    def bounds(o, stride_, pad, dil, k, extent, out_extent):
+        """The tap's position and the conditions that keep it inside [0, extent)."""
+        pos = o * stride_ - pad + k * dil
+        conds = []
+        if k * dil - pad < 0:
+            conds.append(V.op("ge", V.index_value(pos), V.index_value(sympy.Integer(0)), dtype=torch.bool))
+        last = (out_extent - 1) * stride_ - pad + k * dil
+        if not (sympy.sympify(last - extent).is_negative is True):
+            conds.append(V.op("lt", V.index_value(pos), V.index_value(extent), dtype=torch.bool))
+        return pos, conds
+
+    def taps(idx):
+        for i in range(kh):
+            h, hc = bounds(idx[-2], sh, ph, dh, i, H, OH)
+            for j in range(kw):
+                w, wc = bounds(idx[-1], sw, pw, dw, j, W, OW)
+                mask = None
+                for c in hc + wc:
+                    mask = c if mask is None else V.op("logical_and", mask, c, dtype=torch.bool)
+                sub = list(idx[:-2]) + [h, w]
+                if mask is None:
+                    value = V.cast(x.loader(sub), cdt)
+                else:
+                    value = V.masked(mask, V.cast(_load_within(x, sub, [nd - 2, nd - 1]), cdt), float("-inf"))
+                yield mask, value, h * W + w
+
+    def values(idx):
+        best = None
+        for _, v, _ in taps(idx):
+            best = v if best is None else V.op("maximum", best, v, dtype=cdt)
+        return best
+
+    def indices(idx):
+        found = list(taps(idx))
+        pos = V.index_value(found[-1][2])
+        for mask, _, p in reversed(found[:-1]):    # the first tap inside the input
+            pos = V.index_value(p) if mask is None else V.op("where", mask, V.index_value(p), pos, dtype=torch.int64)
+        best = V.const(float("-inf"), cdt)
+        for mask, v, p in found:
+            take = V.op("logical_or", V.op("gt", v, best, dtype=torch.bool), V.op("isnan", v, dtype=torch.bool),
+                        dtype=torch.bool)
+            if mask is not None:
+                take = V.op("logical_and", mask, take, dtype=torch.bool)
+            best = V.op("where", take, v, best, dtype=cdt)
+            pos = V.op("where", take, V.index_value(p), pos, dtype=torch.int64)
+        return pos
+    return (pointwise(sizes, x.dtype, x.device, values),
+            TensorValue(tuple(to_sympy(s) for s in idx_fake.shape), torch.int64, x.device, indices))
+
+
 # -- reductions --------------------------------------------------------------------------
 def make_reduction(g, x: TensorValue, dims, keepdim, rtype, out_dtype=None, acc_dtype=None):
     sizes, dtype, device = out_meta(g)

@@ -190,6 +190,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
     if HOST_PROFILE:
         row["host_profile"] = host_profile(call, save_as=f"{name}-{row['mode']}-{impl}")
+        row["host_ops"] = host_ops(call)
     if MEMORY:
         row["memory"] = peak_sites(call)
         row["warm_memory"] = warm_memory
@@ -256,6 +257,22 @@ def host_profile(call, calls=50, n=25, save_as=None) -> list:
             for (f, ln, name), (cc, nc, tt, ct, callers) in st.stats.items()]
     rows.sort(key=lambda r: -r[0])
     return [[round(us, 1), round(c, 1), w[:100]] for us, c, w in rows[:n]]
+
+
+def host_ops(call, calls=10, n=20) -> list:
+    """torch.profiler's CPU side over `calls` calls: the n aten ops and CUDA runtime calls
+    with the most self CPU time, [us a call, calls a call, name]. Unlike cProfile it times
+    what C++ does inside one Python call (a convolution's cuDNN plan lookup, an allocation)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    rows = [(e.self_cpu_time_total / calls, e.count / calls, e.key) for e in prof.key_averages()
+            if e.self_cpu_time_total > 0]
+    rows.sort(key=lambda r: -r[0])
+    return [[round(us, 1), round(c, 1), k[:100]] for us, c, k in rows[:n]]
 
 
 def geomean(xs):
@@ -326,6 +343,10 @@ def main(argv=None):
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
                       f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                if r.get("host_ops"):
+                    print("    host time (torch.profiler, CPU; self us a call, calls a call, op):")
+                    for us, c, where in r["host_ops"]:
+                        print(f"        {us:8.1f} {c:7.1f}  {where}")
                 if r.get("host_profile"):
                     print("    host time (cProfile; us a call, calls a call, function):")
                     for us, c, where in r["host_profile"]:
