@@ -29,7 +29,10 @@ CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor",
 # programs that once gave a wrong or stale result, each with the backend it failed on
 FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that is y: now a graph break
          (404034, "inductor"),    # the std of one silu'd element: inf where eager gives nan
-         (405199, "inductor")]    # torch.tensor([...]) handed over a break as the graph's constant itself
+         (405199, "inductor"),    # torch.tensor([...]) handed over a break as the graph's constant itself
+         # not a compiler fix: `x.float().mean(0)` of a float64 x, summed in double, 1 float32 ulp
+         # from eager; the float64 reference now widens `.float()` too, and sees it is no further
+         (409974, "inductor")]
 
 
 @pytest.mark.parametrize("seed,backend", FIXED)

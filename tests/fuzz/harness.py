@@ -115,6 +115,13 @@ def _printed(ns):
     return getattr(ns.get("DEVNULL"), "prints", 0)
 
 
+def float64_source(src):
+    """The program as its float64 reference runs it: its explicit casts down to float32
+    (`t.float()`) widened too, so that the reference is the program's arithmetic in
+    float64 throughout, not float32 rounding that eager and the reference share."""
+    return src.replace(".float()", ".double()")
+
+
 def float64_run(ns, fn, calls, upto, global_names):
     """Calls 0..upto of the program in float64 (fn: the program's fn in the fresh namespace
     `ns`, or its compiled form): the result of call `upto`, or None where a call raises."""

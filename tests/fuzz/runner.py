@@ -170,12 +170,12 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
       rounded differently (ill-conditioned programs: a BatchNorm of equal rows, a gradient
       that is 0 mathematically); the "noise" category, counted apart from the failures;
     - (d, None) where the compiled float64 run differs too: a wrong (or stale) result."""
-    ns_e, calls_e, _ = gen.load(prog, tag="float64-eager")
+    ns_e, calls_e, _ = gen.load(prog, harness.float64_source(prog.source()), tag="float64-eager")
     ref = harness.float64_run(ns_e, ns_e["fn"], calls_e, i, gnames)
     d = harness.compare(e, c, ref)
     if d is None or ref is None or "values differ" not in d[1]:
         return d, None
-    ns_c, calls_c, _ = gen.load(prog, tag="float64-compiled")
+    ns_c, calls_c, _ = gen.load(prog, harness.float64_source(prog.source()), tag="float64-compiled")
     try:
         ref_c = harness.float64_run(ns_c, compiler(impl, backend)(ns_c["fn"]), calls_c, i, gnames)
     except Exception:  # noqa: BLE001
@@ -312,8 +312,8 @@ def main(impl):
         d = compare(e, c)
         if d and "values differ" in d[1]:   # rounding noise, or wrong? ask float64 runs
             ns_r, ns_rc = {"__name__": "prog_float64"}, {"__name__": "prog_float64_compiled"}
-            exec(compile(SRC, "<fuzz-program>", "exec"), ns_r)
-            exec(compile(SRC, "<fuzz-program>", "exec"), ns_rc)
+            exec(compile(float64_source(SRC), "<fuzz-program>", "exec"), ns_r)
+            exec(compile(float64_source(SRC), "<fuzz-program>", "exec"), ns_rc)
             ref = float64_run(ns_r, ns_r["fn"], CALLS, i, GLOBALS)
             d = compare(e, c, ref)
             if d and ref is not None:
