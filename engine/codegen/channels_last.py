@@ -64,6 +64,7 @@ def convolutions_channels_last(gm: torch.fx.GraphModule) -> int:
     out_node = next(n for n in g.nodes if n.op == "output")
     before = {n: n.meta.get("val") for n in g.nodes}
     copies: dict = {}     # conv input -> its channels-last copy (a block's two convs share one)
+    weights: dict = {}    # conv filter -> its channels-last copy
     for conv in convs:
         x = conv.args[0]
         if x not in copies:
@@ -71,6 +72,17 @@ def convolutions_channels_last(gm: torch.fx.GraphModule) -> int:
                 copies[x] = g.call_function(aten.clone.default, (x,), {"memory_format": torch.channels_last})
             copies[x].meta = dict(x.meta)
         conv.replace_input_with(x, copies[x])
+        # a 3x3 filter too: given an NCHW one, aten copies it to channels-last inside the
+        # convolution on every call (an allocation, a copy kernel and ~15 us of host time
+        # through its Tensor.contiguous path); our copy is one generated kernel launch
+        w = conv.args[1]
+        wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+        if isinstance(wv, torch.Tensor) and wv.shape[2] * wv.shape[3] > 1 and not _is_channels_last(wv):
+            if w not in weights:
+                with g.inserting_before(conv):
+                    weights[w] = g.call_function(aten.clone.default, (w,), {"memory_format": torch.channels_last})
+                weights[w].meta = dict(w.meta)
+            conv.replace_input_with(w, weights[w])
     # strides change: a view the trace chose for NCHW strides may not be one now; a reshape
     # is that view where it still is one, and a copy where not (the lowering reads either
     # through index arithmetic)

@@ -262,7 +262,7 @@ class GraphLowering:
         args, kwargs = pytree.tree_map(lambda a: self.env[a] if isinstance(a, torch.fx.Node) else a,
                                        (node.args, node.kwargs))
         if target is operator.getitem:
-            return args[0][args[1]]
+            return self._shared(node, args[0][args[1]])
         if not isinstance(target, torch._ops.OpOverload):
             if target in _SYM_OPS and all(isinstance(a, (int, sympy.Expr)) for a in args):
                 return _SYM_OPS[target](*[sympy.sympify(a) for a in args])
@@ -277,6 +277,11 @@ class GraphLowering:
         result = lowering(self, *args, **kwargs)
         if result is NotImplemented:
             return self.extern(target, args, kwargs, fake, fallback=True)
+        return self._shared(node, result)
+
+    def _shared(self, node, result):
+        """A lowering's value (or one output of it: a getitem), realized into a buffer where
+        several users would each recompute it, or an extern kernel needs it in memory."""
         if isinstance(result, TensorValue) and not result.realized and len(node.users) > 1 \
                 and (node in self._new_values or not self._cheap_to_recompute(result) or self._feeds_extern(node)
                      or compared_with_its_extreme(node)):

@@ -118,7 +118,7 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
             body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
                         f"{b.name in g.mutated_inputs})")
     reused = set(sched.reuse.values())
-    g.buffer_layouts.update(_allocation_layouts(g, sched, reused))
+    g.buffer_layouts.update(_allocation_layouts(g, sched))
     live_name: dict = {}
     pending: dict = {}
 
@@ -153,13 +153,13 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
     return body
 
 
-def _allocation_layouts(g: GraphLowering, sched: Schedule, reused: set) -> dict:
+def _allocation_layouts(g: GraphLowering, sched: Schedule) -> dict:
     """buffer -> the layout to allocate it in: the one view of all of it that extern calls
     read and the graph returns. Our kernels only see its address, so a weight cast to bf16
-    that a matmul reads transposed is allocated transposed, an activation it reads as
-    [tokens, dim] is allocated so, and the call passes the buffer itself instead of making a
-    `torch.as_strided` view of it on every call. Buffers that take or give their memory to
-    another (reuse) keep their own layout."""
+    that a matmul reads transposed is allocated transposed, an activation a convolution
+    reads channels-last is allocated so, and the call passes the buffer itself instead of
+    making a `torch.as_strided` view of it on every call. Buffers that share memory (one
+    reuses another's) are one allocation: its layout is the view they all agree on."""
     views: dict = {}
     leaves = [o for o in g.outputs if isinstance(o, TensorValue)]
     for step in sched.steps:
@@ -170,19 +170,31 @@ def _allocation_layouts(g: GraphLowering, sched: Schedule, reused: set) -> dict:
         if view is not None:
             views.setdefault(view[0], set()).add((tuple(view[1].sizes), tuple(view[1].strides), view[1].offset))
     allocated = {n for names in sched.allocations.values() for n in names}
+
+    def root(n):
+        while n in sched.reuse:
+            n = sched.reuse[n]
+        return n
+    sharing: dict = {}     # an allocation (empty_strided) -> the buffers that live in its memory
+    for n in allocated:
+        sharing.setdefault(root(n), []).append(n)
     out = {}
-    for name, seen in views.items():
-        if len(seen) != 1 or name not in allocated or name in sched.reuse or name in reused:
+    for first, names in sharing.items():
+        if first not in allocated or first in sched.reuse:
+            continue     # the memory of an input or of an extern call's result
+        seen = set().union(*(views.get(n, set()) for n in names))
+        base = g.buffer_layouts[first]
+        if len(seen) != 1 or any((tuple(g.buffer_layouts[n].sizes), tuple(g.buffer_layouts[n].strides))
+                                 != (tuple(base.sizes), tuple(base.strides)) for n in names):
             continue
         sizes, strides, offset = next(iter(seen))
-        base = g.buffer_layouts[name]
-        wanted = Layout(sizes, strides, base.dtype, base.device, offset)
         # the view covers exactly the buffer's memory (dense, from its start): allocating the
         # memory in the view's shape changes no address a kernel reads or writes
         if (sizes, strides) != (tuple(base.sizes), tuple(base.strides)) and offset == 0 and base.offset == 0 \
                 and is_dense(base.sizes, base.strides) and is_dense(sizes, strides) \
                 and sympy.expand(numel(sizes) - numel(base.sizes)) == 0:
-            out[name] = wanted
+            for n in names:
+                out[n] = Layout(sizes, strides, base.dtype, base.device, offset)
     return out
 
 
