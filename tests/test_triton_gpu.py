@@ -371,8 +371,9 @@ def test_a_conv_net_runs_channels_last_with_eager_results():
         compiled = engine.compile(lambda x: mb(x))
         with Kernels() as kb:
             got = compiled(xb)
-        # activations are allocated in the layout the convolutions read (no view per call)
-        assert kb.wrappers and not any("torch.as_strided(" in w for w in kb.wrappers), kb.wrappers
+        # activations are allocated in the layout the convolutions read (no view of a buffer
+        # per call; the classifier's weight is read transposed, a view of the input)
+        assert kb.wrappers and not any("torch.as_strided(buf" in w for w in kb.wrappers), kb.wrappers
         assert got.is_contiguous()
         assert_close(got, mb(xb), 0.15)
         from torch.profiler import ProfilerActivity, profile
