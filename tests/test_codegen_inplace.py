@@ -183,6 +183,6 @@ def test_a_backwards_outputs_are_computed_where_the_graph_computes_them():
     backward = [c for c in code if "def call" in c][-1]
     lines = [ln.strip() for ln in backward[backward.index("def call"):].splitlines()]
     calls = [ln for ln in lines if ln.startswith(("kernel", "extern")) and "(" in ln]
-    mms = [k for k, ln in enumerate(calls) if "aten.mm" in ln]
+    mms = [k for k, ln in enumerate(calls) if "torch.mm(" in ln]
     casts = [k for k, ln in enumerate(calls) if "_to_copy" in ln.split("(")[0]]
     assert len(mms) >= 6 and casts and min(casts) < max(mms), calls

@@ -1,0 +1,189 @@
+"""What runs on every call: the compiled forward (inside a torch.autograd.Function when
+gradients are needed, the compiled backward as its backward), then the epilogue that
+writes mutated inputs back and rebuilds outputs that are inputs or views of inputs."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Optional
+
+import torch
+import torch.utils._pytree as pytree
+
+from .metadata import GraphMeta
+
+
+def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
+    n = meta.num_mutations
+    grad = torch.is_grad_enabled()
+    if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
+        with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
+            for k, i in enumerate(meta.mutated_inputs):
+                if outs[k] is not flat[i]:     # else the compiled graph wrote it in place
+                    flat[i].copy_(outs[k])
+    else:
+        for k, i in enumerate(meta.mutated_inputs):
+            target, new = flat[i], outs[k]
+            if meta.inputs[i].differentiable_mutation and grad:
+                target.copy_(new)          # eager's in-place op would be recorded by autograd too
+            else:
+                with torch.no_grad():
+                    target.copy_(new)
+    leaves = []
+    for o in meta.outputs:
+        if o.kind == "graph":
+            out = outs[n + o.index]
+            if isinstance(out, torch.Tensor) and out.requires_grad and not o.requires_grad:
+                out = out.detach()
+            leaves.append(out)
+        elif o.kind == "input":
+            leaves.append(flat[o.index])
+        elif o.kind == "alias":
+            # A real view of the real input, as eager returns; autograd sees it as one
+            # (detached first where eager's output does not require grad: x.detach()).
+            base = flat[o.index]
+            if base.requires_grad and not o.requires_grad:
+                base = base.detach()
+            leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
+        elif o.kind == "output_alias":
+            base = outs[n + o.index]
+            # Rebuilt only from a base laid out as traced (a compiler may pick other strides).
+            if (tuple(base.shape), base.stride()) == o.base_layout and base.storage_offset() == 0:
+                if base.requires_grad and not o.requires_grad:
+                    base = base.detach()
+                leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
+            else:   # a compiler gave this output its own buffer: the computed value is right
+                out = outs[n + o.fallback_index]
+                if out.requires_grad and not o.requires_grad:
+                    out = out.detach()
+                leaves.append(out)
+        else:
+            leaves.append(o.constant)
+    return pytree.tree_unflatten(leaves, meta.out_spec)
+
+
+DOUBLE_BACKWARD_MESSAGE = (
+    "AOT autograd: differentiating the gradient of a compiled graph (double backward, "
+    "create_graph=True then backward again) is not supported; run this part eagerly "
+    "(engine.disable) or compute the higher-order gradient with torch.func outside the compiled region")
+
+
+def _refuse_double_backward(grads: tuple) -> tuple:
+    """Gradients that raise a clear error only if someone differentiates them again
+    (what torch.autograd.function.once_differentiable does, with our message)."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    err = torch._C._functions.DelayedError(DOUBLE_BACKWARD_MESSAGE, len(present))
+    out = err(*[g.detach().requires_grad_(True) for g in present])
+    wrapped = iter(out if isinstance(out, (tuple, list)) else (out,))
+    return tuple(None if g is None else next(wrapped) for g in grads)
+
+
+class EagerFallback:
+    """Runs the captured graph as is: the correct answer where the AOT stage does not
+    support what the graph does (the reason is logged once, at compile time)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, num_user: int, reason: str):
+        self.gm, self.num_user, self.reason = gm, num_user, reason
+
+    def __call__(self, flat: list) -> Any:
+        return self.gm(*flat[:self.num_user])
+
+
+class InferenceEntry:
+    def __init__(self, compiled: Callable, meta: GraphMeta):
+        self.compiled, self.meta = compiled, meta
+
+    def __call__(self, flat: list) -> Any:
+        with torch.no_grad(), _no_autocast():
+            outs = self.compiled(*flat)
+        return epilogue(self.meta, flat, outs)
+
+
+class TrainingEntry:
+    def __init__(self, compiled_fw: Callable, compiled_bw: Callable, meta: GraphMeta,
+                 forward_output_vals: list, grad_inputs: list[int], num_primals: int,
+                 grad_tangents: Optional[list] = None):
+        mask = meta.tangent_mask()
+        num_forward_outputs = len(forward_output_vals)
+        tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
+        nondiff = [k for k, m in enumerate(mask) if not m]
+
+        class CompiledFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                ctx.set_materialize_grads(False)   # which outputs got no gradient: see _backward
+                outs = compiled_fw(*args)
+                fw_outs, saved = outs[:num_forward_outputs], outs[num_forward_outputs:]
+                # An output that is a view of an intermediate (linear on a 1-D input: a squeeze
+                # of the matmul) would be a view output of a Function that returns several,
+                # which autograd forbids to modify in place; eager's is an ordinary tensor.
+                # Its detached alias has the same memory and is not a view.
+                fw_outs = [o.detach() if isinstance(o, torch.Tensor) and o._is_view() else o for o in fw_outs]
+                is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+                ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
+                ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
+                if nondiff:
+                    # A tensor that is also a differentiable output (the graph returns one
+                    # buffer for `t` and `t.detach()`) stays differentiable, and its
+                    # non-differentiable slot gets an object of its own: autograd ties a
+                    # tensor returned twice to its last slot, whose gradient is dropped (t's
+                    # gradient was lost when `t` and `t.detach()` both crossed a graph break).
+                    diff = {id(fw_outs[k]) for k, m in enumerate(mask) if m}
+                    fw_outs = list(fw_outs)
+                    for k in nondiff:
+                        if isinstance(fw_outs[k], torch.Tensor) and id(fw_outs[k]) in diff:
+                            fw_outs[k] = fw_outs[k].detach()
+                    ctx.mark_non_differentiable(*[fw_outs[k] for k in nondiff if isinstance(fw_outs[k], torch.Tensor)])
+                return tuple(fw_outs)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                create_graph = torch.is_grad_enabled()
+                with torch.no_grad():
+                    result = _backward(ctx, grads)
+                return _refuse_double_backward(result) if create_graph else result
+
+        def _backward(ctx, grads):
+            tensors = iter(ctx.saved_tensors)
+            saved = [next(tensors) if o is None else o for o in ctx.saved_other]
+            tangents = []
+            for k, m in enumerate(mask):
+                if not m:
+                    continue
+                g = grads[k]
+                if g is None:
+                    shape, dtype, device = tangent_meta[k]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
+                tangents.append(g.contiguous())
+            gs = compiled_bw(*saved, *tangents)
+            result = [None] * num_primals
+            # A gradient computed only from outputs that got none (the loss does not use them)
+            # is None, as in eager, not zeros.
+            missing = [grads[k] is None for k, m in enumerate(mask) if m]
+            for n, (i, g) in enumerate(zip(grad_inputs, gs)):
+                deps = grad_tangents[n] if grad_tangents is not None else ()
+                if deps and all(missing[j] for j in deps):
+                    g = None
+                result[i] = g
+            return tuple(result)
+
+        CompiledFunction.__name__ = "CompiledFunction"
+        self.function = CompiledFunction
+        self.meta = meta
+
+    def __call__(self, flat: list) -> Any:
+        with _no_autocast():
+            outs = self.function.apply(*flat)
+        return epilogue(self.meta, flat, outs)
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def _no_autocast():
+    """The traced graphs carry autocast's casts already (it was on while tracing, inside the
+    graph's own autocast blocks or around the call): running them under autocast again would
+    cast what a block with enabled=False kept in float32."""
+    return torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else _NO_CONTEXT

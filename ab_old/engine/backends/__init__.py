@@ -1,0 +1,3 @@
+from .registry import list_backends, lookup_backend, register_backend
+
+__all__ = ["list_backends", "lookup_backend", "register_backend"]

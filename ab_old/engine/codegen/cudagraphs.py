@@ -1,0 +1,211 @@
+"""mode="reduce-overhead": a compiled graph of CUDA tensors replays as one CUDA graph, so
+the host launches one graph per call instead of each kernel and extern call.
+
+Per compiled graph (each is compiled for static shapes; the AOT stage compiles another
+graph, with its own capture, for new shapes): the first call runs normally (warm-up: cuBLAS
+and friends set up their workspaces outside the capture); the second captures.
+Inputs whose address was the same on both calls (parameters, buffers, the optimizer's
+state) are read in place; the others are copied into static buffers before each replay.
+An in-place input whose address later changes makes a new capture (a few at most, then
+the graph stops using CUDA graphs). Outputs are copied out of the graph's memory after each
+replay (one copy per output buffer; outputs that share memory still do, outputs that alias
+an input stay views of the caller's tensor): a result the caller keeps is never overwritten
+by the next replay, whatever the caller does with it (torch.compile hands out the graph's
+own buffers instead, and raises when an overwritten one is read).
+
+Graphs that cannot be captured run as they are, with the reason logged once on
+`TORCH_LOGS=cudagraphs`: CPU tensors among the inputs, symbolic sizes, no tensor input."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+import observe
+
+MAX_CAPTURES = 8          # per graph: captures again after in-place inputs moved
+
+
+def _log(level: int, msg: str, *args) -> None:
+    observe.emit("artifact", {"name": "cudagraphs", "encoding": "string"},
+                 lambda: msg % args if args else msg, log="cudagraphs", level=level)
+
+
+def why_not(example_inputs) -> Optional[str]:
+    """Why a graph with these inputs cannot replay as a CUDA graph; None when it can."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if not tensors:
+        return "no tensor inputs"
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "cuda":
+                return f"input {i} is a {x.device.type} tensor"
+            if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
+                return f"input {i} has symbolic sizes"
+        elif isinstance(x, torch.SymInt):
+            return f"input {i} is a symbolic size"
+    return None
+
+
+class _Capture:
+    """One captured CUDA graph: its static inputs and the outputs it writes."""
+
+    def __init__(self, inplace: set):
+        self.inplace = inplace             # input positions read where they are
+        self.graph = torch.cuda.CUDAGraph()
+        self.ptrs: dict = {}               # in-place position -> address at capture
+        self.inplace_order: list = []      # the same, as two lists (checked on every replay)
+        self.inplace_ptrs: list = []
+        self.buffers: dict = {}            # copied position -> static buffer
+        self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
+        self.storages: list = []           # the graph's output memory, as flat uint8 tensors
+        self.spec = None
+
+
+class _Out:
+    """How a replay hands out one tensor output: a view of one of the call's inputs (an
+    output that aliases an input stays an alias of the caller's tensor), or of a fresh copy of
+    the graph's output memory (outputs sharing memory still share it)."""
+
+    def __init__(self, t: torch.Tensor, input_index: Optional[int], storage_index: Optional[int], offset: int):
+        self.size, self.stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+        self.input_index, self.storage_index, self.offset = input_index, storage_index, offset
+
+    def make(self, args, storages) -> torch.Tensor:
+        if self.input_index is not None:
+            a = args[self.input_index]
+            return a.as_strided(self.size, self.stride, a.storage_offset() + self.offset)
+        st = storages[self.storage_index]
+        return torch.empty((0,), dtype=self.dtype, device=st.device).set_(
+            st.untyped_storage(), self.offset, self.size, self.stride)
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _addresses(args, positions: list) -> list:
+    """The addresses of args at positions (one pass in C: replays of a model's graph check
+    hundreds of parameters)."""
+    return list(map(_DATA_PTR, map(args.__getitem__, positions)))
+
+
+def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
+    """Record, for each tensor output, where its memory comes from (capture time)."""
+    inputs = {}
+    for i, a in enumerate(static):
+        if isinstance(a, torch.Tensor):
+            inputs.setdefault(a.untyped_storage().data_ptr(), i)
+    own: dict = {}
+    for o in outs:
+        if not isinstance(o, torch.Tensor):
+            cap.outs.append(o)
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        i = inputs.get(ptr)
+        if i is not None and static[i].dtype == o.dtype:
+            cap.outs.append(_Out(o, i, None, o.storage_offset() - static[i].storage_offset()))
+            continue
+        k = own.get(ptr)
+        if k is None:
+            st = o.untyped_storage()
+            k = own[ptr] = len(cap.storages)
+            cap.storages.append(torch.empty((0,), dtype=torch.uint8, device=o.device).set_(st, 0, (st.nbytes(),), (1,)))
+        cap.outs.append(_Out(o, None, k, o.storage_offset()))
+
+
+class CudaGraphed:
+    """A compiled graph's callable, replayed as CUDA graphs (one per input shapes)."""
+
+    def __init__(self, compiled, name: str, mutated: frozenset = frozenset()):
+        self.compiled = compiled
+        self.name = name
+        self.mutated = mutated             # positions the graph writes: never copied
+        self.first_ptrs: Optional[dict] = None   # input position -> address at the warm-up call
+        self.capture: Optional[_Capture] = None
+        self.n_captures = 0
+        self.disabled: Optional[str] = None
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __getattr__(self, item):           # what AOT and the debug tools read off the compiled graph
+        return getattr(self.__dict__["compiled"], item)
+
+    def __call__(self, *args):
+        if self.disabled is not None:
+            return self.compiled(*args)
+        # one capture per graph: the graph was compiled for static shapes (the AOT stage
+        # compiles again, another graph, for others), so the inputs' shapes are not re-read
+        cap = self.capture
+        if cap is not None:
+            if _addresses(args, cap.inplace_order) == cap.inplace_ptrs:
+                return self._replay(cap, args)
+            moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
+            movable = [i for i in moved if i not in self.mutated]
+            self.capture = None
+            _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
+                 moved, " (they are copied from now on)" if movable else "")
+            return self._capture(args, cap.inplace - set(movable))
+        ptrs = {i: a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+        if self.first_ptrs is None:        # warm-up: libraries set up their workspaces outside the capture
+            self.first_ptrs = ptrs
+            return self.compiled(*args)
+        inplace = {i for i, p in ptrs.items() if self.first_ptrs.get(i) == p} | set(self.mutated)
+        return self._capture(args, inplace)
+
+    def _capture(self, args, inplace: set):
+        if self.n_captures >= MAX_CAPTURES:
+            self.disabled = f"captured {MAX_CAPTURES} times (inputs read in place kept moving)"
+            _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, self.disabled)
+            return self.compiled(*args)
+        cap = _Capture(inplace)
+        static = list(args)
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if i in inplace:
+                cap.ptrs[i] = a.data_ptr()
+            else:
+                buf = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                buf.copy_(a)
+                cap.buffers[i] = static[i] = buf
+        torch.cuda.synchronize()
+        try:
+            with torch.cuda.graph(cap.graph, pool=self.pool):
+                out = self.compiled(*static)
+        except Exception as exc:           # an op that cannot be captured: run as compiled, say why
+            self.disabled = f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs: %s", self.name, self.disabled)
+            torch.cuda.synchronize()
+            return self.compiled(*args)
+        flat, cap.spec = pytree.tree_flatten(out)
+        _plan_outputs(cap, flat, static)
+        cap.inplace_order = sorted(cap.ptrs)
+        cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
+        self.capture = cap
+        self.n_captures += 1
+        _log(logging.INFO, "cudagraphs: %s captured for input shapes %s: %d inputs read in place, %d copied",
+             self.name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], len(cap.ptrs),
+             len(cap.buffers))
+        return self._replay(cap, args)
+
+    def _replay(self, cap: _Capture, args) -> Any:
+        if cap.buffers:
+            dst = list(cap.buffers.values())
+            torch._foreach_copy_(dst, [args[i] for i in cap.buffers])
+        cap.graph.replay()
+        storages = [st.clone() for st in cap.storages]
+        outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
+        return pytree.tree_unflatten(outs, cap.spec)
+
+
+def wrap(compiled, example_inputs, name: str, mutated=frozenset()):
+    """`compiled` as CudaGraphed when its inputs allow, else itself (the reason logged)."""
+    reason = why_not(example_inputs)
+    if reason is not None:
+        _log(logging.INFO, "cudagraphs: %s runs without CUDA graphs: %s", name, reason)
+        return compiled
+    return CudaGraphed(compiled, name, frozenset(mutated))

@@ -1,0 +1,441 @@
+"""Run time of the Triton kernels: load a graph's kernel module (a .py file in the cache
+directory, so Triton can read each kernel's source), and launch kernels with a config
+picked per size (heuristics, or benchmarked once under max-autotune and cached on disk)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+
+import observe
+
+from engine import config
+
+from . import compile_worker
+from .cuda_launch import CudaKernel, KernelBinary
+from .cuda_launch import Unsupported as CudaUnsupported
+from .heuristics import Config, Shape, candidates, cdiv, heuristic
+
+_modules: dict = {}
+_executor = []
+
+
+def _threads():
+    if not _executor:
+        from concurrent.futures import ThreadPoolExecutor
+        _executor.append(ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2))), thread_name_prefix="triton-compile"))
+    return _executor[0]
+
+
+def _warmup_job(fn, args, grid, kw):
+    """Compile (no launch) with Triton's JIT on a thread: loading the binary into the CUDA
+    context stays on the launching thread (a worker loading modules beside running
+    kernels is a race we do not take)."""
+    fn.warmup(*args, grid=grid, **kw)
+
+
+def compile_workers():
+    """The worker processes that compile this GPU's kernels (started on the first call:
+    compile_fx starts them when a CUDA graph comes in, so they load Triton while it
+    lowers), or None when config.triton_compile_workers is 0 or there is no GPU."""
+    if config.triton_compile_workers <= 0:
+        return None
+    try:
+        from triton.runtime.driver import driver
+        arch = driver.active.get_current_target().arch
+    except Exception:
+        return None
+    return compile_worker.pool(config.triton_compile_workers, arch)
+
+
+def _device_of(args):
+    return next((a.device for a in args if hasattr(a, "device")), None)
+
+
+_sms: dict = {}
+
+
+def _sm_count(device) -> int:
+    import torch
+    if device is None or device.type != "cuda":      # precompile's meta stand-ins: the current GPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _sms:
+        _sms[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sms[device]
+
+
+def precompile_graph(fn, args, early: bool = False) -> None:
+    """Run a wrapper's _precompile; it is only an optimization, so a failure is logged and
+    the kernels compile at their first launch instead."""
+    try:
+        with observe.stage("triton_precompile"):
+            fn(args, early=early)
+    except Exception as exc:
+        observe.log("inductor", logging.DEBUG, "triton precompile skipped: %s: %s", type(exc).__name__, exc)
+
+
+def wait_precompiled(futures) -> None:
+    """Wait for precompile jobs; a failure only means the launch compiles it itself."""
+    for f in futures:
+        if f is None:
+            continue
+        try:
+            f.result()
+        except Exception as exc:
+            observe.log("inductor", logging.DEBUG, "triton precompile failed (compiled at launch): %s", exc)
+
+
+def triton_dir() -> str:
+    from ..cache import cache_dir
+    d = os.path.join(cache_dir(), "triton")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@contextlib.contextmanager
+def _interpret_env(interpret: bool):
+    """TRITON_INTERPRET is read when @triton.jit decorates; set it only for our module."""
+    if not interpret:
+        yield
+        return
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def load_module(source: str, interpret: bool):
+    key = hashlib.sha256((source + str(interpret)).encode()).hexdigest()[:24]
+    if key in _modules:
+        return _modules[key]
+    path = os.path.join(triton_dir(), f"k{key}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+        observe.log("inductor", logging.DEBUG, "triton kernels written to %s", path)
+    name = f"engine_triton_{key}{'_interp' if interpret else ''}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module       # triton resolves a kernel's globals through its module
+    with _interpret_env(interpret):
+        spec.loader.exec_module(module)
+    _modules[key] = module
+    return module
+
+
+class DirectLaunch:
+    """Launches kernels past Triton's JIT dispatch (binding arguments, computing the
+    specialization key, looking up the cache: ~20 us a launch, as much as a small kernel
+    runs; a training step launches dozens) and past its C launcher (cuda_launch). Keyed
+    by what Triton specializes on: each pointer's 16-byte alignment and each integer's
+    ==1, %16 and width. A kernel it cannot launch, or a launch hook (a profiler), takes
+    Triton's path."""
+
+    def __init__(self, driver, knobs):
+        self.driver = driver
+        self.knobs = knobs
+        self.kernels: dict = {}
+        self.compiling: dict = {}    # key -> (Future of a worker's compile, its signature, arg names)
+        self.hits = 0
+        self.from_workers = 0        # kernels loaded from a worker process's binary
+
+    @classmethod
+    def create(cls):
+        try:
+            from triton import knobs
+            from triton.runtime.driver import driver
+            return cls(driver.active, knobs)
+        except Exception:        # another Triton: its own dispatch only
+            return None
+
+    @staticmethod
+    def bind(args) -> tuple:
+        """(specialization key, the values a launch passes: tensors as their addresses),
+        or (None, None) for arguments only Triton's dispatch takes."""
+        key, values = [], []
+        for a in args:
+            if type(a) is int:
+                key.append((a == 1, a % 16 == 0, -2 ** 31 <= a < 2 ** 31))
+                values.append(a)
+            elif hasattr(a, "data_ptr"):
+                ptr = a.data_ptr()
+                key.append(ptr % 16 == 0)
+                values.append(ptr)
+            else:
+                return None, None
+        return tuple(key), values
+
+    @staticmethod
+    def specialization(args) -> tuple:
+        return DirectLaunch.bind(args)[0]
+
+    def _hooked(self) -> bool:
+        """A launch hook is installed (Triton 3.6 keeps them in chains, empty when none)."""
+        rt = self.knobs.runtime
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        if type(enter) is type(exit_) and hasattr(enter, "calls"):   # the per-launch fast path
+            return bool(enter.calls or exit_.calls)
+        return any(h is not None and getattr(h, "calls", True) for h in (enter, exit_))
+
+    def launch(self, fn, grid, args, kw, cfg):
+        """Launch fn our way: the (kernel, specialization, device) it ran with, or None when
+        Triton's dispatch must (and has not yet) run it."""
+        spec, values = self.bind(args)
+        if spec is None or self._hooked():
+            return None
+        device = self.driver.get_current_device()
+        key = self._key(fn, cfg, device, spec)
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            if key in self.kernels:
+                return None                  # known to need Triton's launcher
+            kernel = self.kernels[key] = self._load(fn, grid, args, kw, device, key)
+            if kernel is None:
+                return None
+        kernel(grid, self.driver.get_current_stream(device), values)
+        self.hits += 1
+        return kernel, spec, device
+
+    def compile_in(self, workers, fn, args, kw, cfg):
+        """Start compiling, in a worker process, the binary a launch of fn with these
+        arguments will load; returns the Future, or None when the arguments or this Triton
+        do not allow it (the launch then compiles with Triton's JIT)."""
+        spec = self.bind(args)[0]
+        device = self.driver.get_current_device()
+        key = self._key(fn, cfg, device, spec)
+        if key in self.compiling:
+            return self.compiling[key][0]
+        if spec is None or key in self.kernels:
+            return None
+        try:
+            job = self._job(fn, args, kw, device)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:   # another Triton's internals
+            observe.log("inductor", logging.DEBUG, "%s compiles in this process: %s", fn, exc)
+            return None
+        future = workers.submit(job)
+        self.compiling[key] = (future, job["signature"], fn.arg_names)
+        return future
+
+    @staticmethod
+    def _key(fn, cfg, device, spec) -> tuple:
+        return id(fn), cfg, device, spec
+
+    def loaded(self, fn, args, cfg) -> bool:
+        """Whether the binary for this launch is loaded already."""
+        return self._key(fn, cfg, self.driver.get_current_device(), self.bind(args)[0]) in self.kernels
+
+    def _job(self, fn, args, kw, device) -> dict:
+        """What Triton's JIT would compile for these arguments: its run() up to the compile."""
+        kw = dict(kw, debug=kw.get("debug", fn.debug) or self.knobs.runtime.debug,
+                  instrumentation_mode=self.knobs.compilation.instrumentation_mode)
+        _cache, _keys, target, backend, binder = fn.device_caches[device]
+        bound, specialization, options = binder(*args, **kw)
+        options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, specialization, options)
+        return {"path": sys.modules[fn.module].__file__, "fn": fn.__name__, "signature": signature,
+                "constexprs": constexprs, "attrs": attrs, "options": options.__dict__,
+                "target": (target.backend, target.arch, target.warp_size), "cache_dir": self.knobs.cache.dir}
+
+    def _load(self, fn, grid, args, kw, device, key):
+        """The binary for these arguments (a worker's, or compiled now by Triton's JIT, or
+        found in its cache where a precompile thread put it), loaded on the device."""
+        load = self.driver.utils.load_binary
+        if key in self.compiling:
+            future, signature, arg_names = self.compiling.pop(key)
+            try:
+                r = future.result()
+                kernel = CudaKernel(KernelBinary(r["name"], r["binary"], signature, arg_names, r["metadata"]),
+                                    len(args), device, load)
+                self.from_workers += 1
+                return kernel
+            except CudaUnsupported as exc:
+                observe.log("inductor", logging.DEBUG, "%s launches through Triton's launcher: %s", fn, exc)
+                return None
+            except Exception as exc:     # CompileFailed, or a binary that does not load: Triton's JIT
+                observe.log("inductor", logging.DEBUG, "%s: the compile worker's binary is not used: %s", fn, exc)
+        try:
+            compiled = fn.warmup(*args, grid=grid, **kw)
+            return CudaKernel(KernelBinary.of(compiled), len(args), device, load)
+        except (CudaUnsupported, AttributeError, KeyError, TypeError) as exc:   # or another Triton's internals
+            observe.log("inductor", logging.DEBUG, "%s launches through Triton's launcher: %s", fn, exc)
+            return None
+
+
+def _not_yet(*args) -> bool:
+    return False
+
+
+def _split_repeater(workspace, device, partials, combine):
+    """A split reduction's two launches repeated with the first call's workspace kept: the
+    next call's partials overwrite it only after this call's combine has read it, on the
+    same stream (on another stream the launch takes the slow path, with a new workspace)."""
+    import torch
+    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_stream is None:
+        return None
+    device = int(device)
+    stream = get_stream(device)
+
+    def repeat(*args):
+        return get_stream(device) == stream and partials(workspace, *args) and combine(workspace, *args)
+    return repeat
+
+
+class Launcher:
+    """kernel(*tensors_and_sizes, xnumel=..., rnumel=...): launches with the config for
+    these sizes, chosen once per (xnumel, rnumel)."""
+
+    def __init__(self, fn, name: str, kind: str, persistent: bool, x_contiguous: bool, autotune: bool,
+                 interpret: bool, inplace_args: tuple, source_hash: str, split_fn=None, split_slots: int = 0,
+                 fixed: Config | None = None):
+        self.fn = fn
+        self.fixed = fixed                     # a combo kernel's config: its source assumes this XBLOCK
+        self.split_fn = split_fn               # a split reduction's first kernel (partials)
+        self.split_slots = split_slots         # fp32 partials per row and split
+        self.name = name
+        self.kind = kind
+        self.persistent = persistent
+        self.x_contiguous = x_contiguous
+        self.autotune = autotune and not interpret and fixed is None
+        self.interpret = interpret
+        self.inplace_args = inplace_args       # positions of tensors read and written
+        self.source_hash = source_hash
+        self.configs: dict = {}
+        self.direct = None if interpret else DirectLaunch.create()
+        self.plans: dict = {}                  # (xnumel, rnumel) -> the last direct launch's repeater
+        # the wrapper's first try where the sizes are static: `k.fast(a, b) or k(a, b, xnumel=n)`
+        self.fast = _not_yet
+
+    def shape(self, xnumel: int, rnumel: int, args=()) -> Shape:
+        split = bool(self.split_slots)
+        sms = (2 if self.interpret else _sm_count(_device_of(args))) if split else 132
+        return Shape(self.kind, self.persistent, int(xnumel), int(rnumel), self.x_contiguous, self.interpret,
+                     split, sms)
+
+    def config_for(self, args, xnumel, rnumel) -> Config:
+        k = (xnumel, rnumel)
+        cfg = self.configs.get(k) or self.fixed
+        if cfg is None:
+            s = self.shape(xnumel, rnumel, args)
+            cfg = self._tuned(s, args) if self.autotune else heuristic(s)
+            self.configs[k] = cfg
+            observe.log("inductor", logging.DEBUG, "%s: xnumel=%s rnumel=%s -> %s", self.name, xnumel, rnumel, cfg)
+        return cfg
+
+    def __call__(self, *args, xnumel, rnumel=1):
+        if xnumel == 0 or rnumel == 0 and self.kind == "pointwise":
+            return
+        repeat = self.plans.get((xnumel, rnumel))
+        if repeat is not None and repeat(*args):
+            return
+        cfg = self.config_for(args, xnumel, rnumel)
+        self._launch(cfg, args, xnumel, rnumel)
+
+    def precompile(self, *args, xnumel, rnumel=1, early=False) -> list:
+        """Start compiling (no launch) the binaries the first call will need; returns their
+        Futures. In worker processes (compile_worker) when there are any: a graph's
+        kernels then compile side by side. Else on threads with Triton's JIT, where only
+        ptxas runs outside the GIL; but not `early` (at codegen, beside the compiler's own
+        work on this thread)."""
+        if self.autotune or self.interpret or xnumel == 0:
+            return []
+        cfg = self.config_for(args, xnumel, rnumel)
+        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        workers = compile_workers() if self.direct is not None else None
+        if workers is not None and not workers.ready.is_set():
+            workers = None      # still starting (~0.5 s): this process compiles sooner
+        futures = []
+        for fn, grid, a in self._kernels(cfg, args, xnumel):
+            a = (*a, xnumel)
+            future = self.direct.compile_in(workers, fn, a, kw, cfg) if workers is not None else None
+            if future is None and not early and not (self.direct is not None and self.direct.loaded(fn, a, cfg)):
+                future = _threads().submit(_warmup_job, fn, a, grid, kw)
+            futures.append(future)
+        return futures
+
+    def _kernels(self, cfg: Config, args, xnumel):
+        """(kernel, grid, args) of one launch: one kernel, or a split reduction's two
+        (partials into a workspace, then the combine)."""
+        blocks = cdiv(xnumel, cfg.XBLOCK)
+        if not self.split_slots:
+            return [(self.fn, (blocks,), args)]
+        import torch
+        ws = torch.empty(self.split_slots * cfg.NSPLIT * xnumel, dtype=torch.float32, device=_device_of(args))
+        return [(self.split_fn, (blocks, cfg.NSPLIT), (ws, *args)), (self.fn, (blocks,), (ws, *args))]
+
+    def _launch(self, cfg: Config, args, xnumel, rnumel=1):
+        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        repeats = []
+        for fn, grid, a in self._kernels(cfg, args, xnumel):
+            a = (*a, xnumel)
+            done = self.direct.launch(fn, grid, a, kw, cfg) if self.direct is not None else None
+            if done is None:
+                fn[grid](*a, **kw)
+            elif not self.autotune:
+                kernel, spec, device = done
+                repeats.append(kernel.repeater(grid, a, spec, device, self.direct._hooked, self.direct))
+        if not repeats or None in repeats:
+            return
+        if self.split_slots:
+            if len(repeats) != 2:
+                return
+            repeat = _split_repeater(a[0], device, *repeats)
+        else:
+            (repeat,) = repeats
+        if repeat is not None:    # the next call with these sizes repeats this launch
+            self.plans[(xnumel, rnumel)] = self.fast = repeat
+
+    # -- max-autotune ------------------------------------------------------------------
+    def _cache_path(self, s: Shape) -> str:
+        import torch
+        dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        key = hashlib.sha256(f"{self.source_hash}|{self.name}|{s}|{dev}".encode()).hexdigest()[:24]
+        d = os.path.join(triton_dir(), "autotune")
+        os.makedirs(d, exist_ok=True)
+        return os.path.join(d, f"{key}.json")
+
+    def _tuned(self, s: Shape, args) -> Config:
+        path = self._cache_path(s)
+        try:
+            with open(path) as f:
+                cfg = Config(**json.load(f)["config"])
+            observe.log("inductor", logging.INFO, "autotune cache hit for %s: %s", self.name, cfg)
+            return cfg
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        from triton.testing import do_bench
+        bench_args = list(args)
+        for i in self.inplace_args:      # the kernel updates these: time it on copies
+            bench_args[i] = args[i].clone()
+        timings = []
+        for cfg in candidates(s):
+            try:
+                ms = do_bench(lambda c=cfg: self._launch(c, bench_args, s.xnumel), warmup=5, rep=20)
+            except Exception as exc:     # a config can exceed shared memory/registers
+                observe.log("inductor", logging.DEBUG, "autotune %s: %s failed: %s", self.name, cfg, exc)
+                continue
+            timings.append((ms, cfg))
+        if not timings:
+            return heuristic(s)
+        timings.sort(key=lambda t: t[0])
+        best = timings[0][1]
+        observe.log("inductor", logging.INFO, "autotune %s (xnumel=%s rnumel=%s): %s", self.name, s.xnumel,
+                    s.rnumel, "; ".join(f"{c}: {ms:.4f} ms" for ms, c in timings))
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"config": {"XBLOCK": best.XBLOCK, "RBLOCK": best.RBLOCK, "num_warps": best.num_warps,
+                                  "num_stages": best.num_stages},
+                       "timings_ms": [[ms, str(c)] for ms, c in timings]}, f)
+        os.replace(tmp, path)
+        return best

@@ -1,0 +1,252 @@
+# ---- fuzz harness (tests/fuzz/harness.py): run one call, snapshot it, compare two snapshots ----
+# Self-contained (torch only): the runner imports it, and every repro script carries a copy.
+import math
+
+import torch
+
+FLOAT_TOL = {torch.float16: 1e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4, torch.float64: 1e-7}
+
+
+def snapshot(v):
+    """A copy of everything observable about `v` (tensor values, dtype, shape, requires_grad;
+    containers; numbers), unaffected by later mutation."""
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v.detach().clone(), v.requires_grad)
+    if isinstance(v, torch.nn.Module):
+        attrs = {k: x for k, x in vars(v).items() if not k.startswith("_") and isinstance(x, (bool, int, float, str))}
+        state = {k: snapshot(x) for k, x in v.state_dict(keep_vars=True).items()}
+        return ("module", snapshot(attrs), snapshot(state))
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [snapshot(x) for x in v])
+    if isinstance(v, dict):
+        return ("dict", [(k, snapshot(x)) for k, x in v.items()])
+    if isinstance(v, torch.Size):
+        return ("value", tuple(v))
+    if v is None or isinstance(v, (bool, int, float, str, torch.dtype)):
+        return ("value", v)
+    return ("object", type(v).__name__)
+
+
+def flat_tensors(v, path="out"):
+    if isinstance(v, torch.Tensor):
+        yield path, v
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            yield from flat_tensors(x, f"{path}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield from flat_tensors(x, f"{path}[{k!r}]")
+
+
+def alias_map(out, watch):
+    """For each output tensor, the watched inputs it shares memory with."""
+    ptrs = {}
+    for name, t in flat_tensors(watch, "in"):
+        if t.numel():
+            ptrs.setdefault(t.untyped_storage().data_ptr(), set()).add(name)
+    return {p: sorted(ptrs.get(t.untyped_storage().data_ptr(), ())) if t.numel() else [] for p, t in flat_tensors(out)}
+
+
+class _RandomInFloat64(torch.overrides.TorchFunctionMode):
+    """Inputs drawn as the float32 run draws them (the same generator stream), then widened."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.randn and out.is_floating_point():
+            out = out.to(torch.float64)
+        return out
+
+
+class _DefaultDtype:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __enter__(self):
+        self.old = torch.get_default_dtype()
+        if self.dtype is not None:
+            torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_dtype(self.old)
+
+
+def run_call(ns, fn, make_call, global_names, float64=False):
+    """Build the call's inputs in namespace `ns`, call `fn`, then backward through the sum of
+    its floating outputs that require grad. Returns a dict of snapshots, or one with
+    'error': (phase, exception). With float64, every floating input, global and module
+    parameter is widened to float64 (same values) and the program runs in float64: the
+    reference that tells rounding noise from a wrong result."""
+    if float64:
+        with _RandomInFloat64():
+            c = make_call(ns)
+        if ns.get("MOD") is not None:
+            ns["MOD"].double()
+    else:
+        c = make_call(ns)
+    mod = ns.get("MOD")
+    if mod is not None:
+        for p in mod.parameters():
+            p.grad = None
+    try:
+        with torch.set_grad_enabled(c.get("grad", True)), _DefaultDtype(torch.float64 if float64 else None):
+            out = fn(*c["args"])
+    except Exception as e:  # noqa: BLE001
+        return {"error": ("call", e)}
+    res = {"out": snapshot(out), "alias": alias_map(out, c["watch"]), "inputs": snapshot(c["watch"]),
+           "globals": snapshot({**{k: ns[k] for k in global_names if k in ns}, "<print calls>": _printed(ns)}),
+           "module": snapshot(mod) if mod is not None else None}
+    roots = [t for _, t in flat_tensors(out) if t.requires_grad and t.is_floating_point()]
+    if roots:
+        try:
+            with _DefaultDtype(torch.float64 if float64 else None):
+                sum(t.sum() for t in roots).backward()
+        except Exception as e:  # noqa: BLE001
+            res["error"] = ("backward", e)
+            return res
+    grads = {k: t.grad for k, t in c["leaves"].items()}
+    if mod is not None:
+        grads.update({"MOD." + k: p.grad for k, p in mod.named_parameters()})
+    res["grads"] = snapshot(grads)
+    return res
+
+
+def _printed(ns):
+    """How many print calls went to the program's DEVNULL stream (so far, over all calls)."""
+    return getattr(ns.get("DEVNULL"), "prints", 0)
+
+
+def float64_run(ns, fn, calls, upto, global_names):
+    """Calls 0..upto of the program in float64 (fn: the program's fn in the fresh namespace
+    `ns`, or its compiled form): the result of call `upto`, or None where a call raises."""
+    for mk in calls[:upto + 1]:
+        r = run_call(ns, fn, mk, global_names, float64=True)
+        if "error" in r:
+            return None
+    return r
+
+
+# A float mismatch is rounding noise, not a wrong result, when the compiled value is no
+# further from the float64 reference than eager's own float32 value is (times this, plus
+# a tenth of the tolerance): the rule PyTorch's benchmark harness applies to the same problem.
+NOISE_MULTIPLIER = 3.0
+
+
+def _rms(x, y):
+    return (x.double() - y.double()).pow(2).mean().sqrt().item() if x.numel() else 0.0
+
+
+def _within_noise(ta, tb, tr, tol):
+    """tb (compiled) is as close to tr (float64 reference) as ta (eager) is, within noise."""
+    if tr is None or tr.shape != ta.shape or not (ta.is_floating_point() and tr.is_floating_point()):
+        return False
+    if not all(torch.isfinite(t).all() for t in (ta, tb, tr)):
+        return False
+    return _rms(tb, tr) <= NOISE_MULTIPLIER * _rms(ta, tr) + tol / 10
+
+
+def _ref_part(r, kind, i):
+    """The reference snapshot's part parallel to a snapshot of `kind`, or None."""
+    return r[i] if r is not None and r[0] == kind else None
+
+
+def _diff(a, b, path, r=None):
+    """First difference between snapshots a (eager) and b (compiled), as a message, or None.
+    r: the float64 reference's snapshot, parallel to a, which excuses rounding noise."""
+    if a[0] != b[0]:
+        return f"{path}: eager gives {_what(a)}, compiled gives {_what(b)}"
+    kind = a[0]
+    if kind == "tensor":
+        ta, tb = a[1], b[1]
+        if a[2] != b[2]:
+            return f"{path}: requires_grad eager={a[2]} compiled={b[2]}"
+        if ta.dtype != tb.dtype or ta.shape != tb.shape:
+            return f"{path}: eager {ta.dtype}{list(ta.shape)}, compiled {tb.dtype}{list(tb.shape)}"
+        tol = FLOAT_TOL.get(ta.dtype, 0)
+        try:
+            torch.testing.assert_close(tb, ta, rtol=tol, atol=tol, equal_nan=True)
+        except AssertionError as e:
+            if _within_noise(ta, tb, _ref_part(r, "tensor", 1), tol):
+                return None
+            detail = " ".join(str(e).split("\n")[1:3]).strip()
+            return f"{path}: values differ ({detail})\n  eager:    {_short(ta)}\n  compiled: {_short(tb)}"
+        return None
+    if kind in ("list", "tuple"):
+        if len(a[1]) != len(b[1]):
+            return f"{path}: eager has {len(a[1])} items, compiled {len(b[1])}"
+        rs = _ref_part(r, kind, 1)
+        rs = rs if rs is not None and len(rs) == len(a[1]) else [None] * len(a[1])
+        for i, (x, y, z) in enumerate(zip(a[1], b[1], rs)):
+            d = _diff(x, y, f"{path}[{i}]", z)
+            if d:
+                return d
+        return None
+    if kind == "dict":
+        ka, kb = [k for k, _ in a[1]], [k for k, _ in b[1]]
+        if ka != kb:
+            return f"{path}: eager keys {ka}, compiled keys {kb}"
+        rs = dict(_ref_part(r, kind, 1) or ())
+        for (k, x), (_, y) in zip(a[1], b[1]):
+            d = _diff(x, y, f"{path}[{k!r}]", rs.get(k))
+            if d:
+                return d
+        return None
+    if kind == "module":
+        return (_diff(a[1], b[1], path + ".attrs", _ref_part(r, kind, 1))
+                or _diff(a[2], b[2], path + ".state", _ref_part(r, kind, 2)))
+    x, y = a[1], b[1]
+    if type(x) is not type(y):
+        return f"{path}: eager {x!r} ({type(x).__name__}), compiled {y!r} ({type(y).__name__})"
+    if isinstance(x, float):
+        if (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-4):
+            return None
+        z = _ref_part(r, "value", 1)
+        if isinstance(z, float) and all(map(math.isfinite, (x, y, z))) and \
+                abs(y - z) <= NOISE_MULTIPLIER * abs(x - z) + 1e-5:
+            return None
+    elif x == y:
+        return None
+    return f"{path}: eager {x!r}, compiled {y!r}"
+
+
+def _what(snap):
+    if snap[0] == "value":
+        return repr(snap[1]) if snap[1] is None or isinstance(snap[1], (bool, int, float)) else type(snap[1]).__name__
+    return {"tensor": "a tensor", "list": "a list", "tuple": "a tuple", "dict": "a dict"}.get(snap[0], snap[0])
+
+
+def _short(t):
+    return " ".join(str(t.flatten()[:8].tolist()).split()) + (" ..." if t.numel() > 8 else "")
+
+
+SECTIONS = ("out", "alias", "inputs", "globals", "module", "grads")
+
+
+def compare(eager, compiled, reference=None):
+    """(section, message) of the first difference between two run_call results, or None.
+    reference: the float64 run of the same call (float64_run), which excuses float
+    differences that are rounding noise."""
+    for sec in SECTIONS:
+        if sec == "grads" and ("grads" not in eager or "grads" not in compiled):
+            continue
+        if sec == "alias":
+            if eager["alias"] != compiled["alias"]:
+                diffs = [f"{p}: eager aliases {eager['alias'][p]}, compiled {compiled['alias'].get(p)}"
+                         for p in eager["alias"] if eager["alias"][p] != compiled["alias"].get(p)]
+                return sec, "; ".join(diffs) or "output structure differs"
+            continue
+        if eager[sec] is None and compiled[sec] is None:
+            continue
+        d = _diff(eager[sec], compiled[sec], sec, reference.get(sec) if reference else None)
+        if d:
+            return sec, d
+    return None
+
+
+def error_line(e):
+    """The first line of an exception, prefixed with its type."""
+    lines = [x.strip() for x in str(e).split("\n") if x.strip()]
+    msg = lines[0] if lines else ""
+    if msg.endswith(":") and len(lines) > 1:   # "backend='aot_eager' raised:" and the error on the next line
+        msg += " " + lines[1]
+    return f"{type(e).__name__}: {msg}"[:300]
+# ---- end of harness ----

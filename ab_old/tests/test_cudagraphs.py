@@ -1,0 +1,110 @@
+"""mode="reduce-overhead" on a real GPU: each compiled graph replays as a CUDA graph, with
+eager's results, for inference and training loops; new shapes capture again; inputs written
+in place, outputs that alias inputs and random ops behave as without CUDA graphs.
+Run with `pytest -m gpu tests/test_cudagraphs.py` on a machine with an NVIDIA GPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import engine
+from engine_helpers import logs
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DEV = "cuda"
+nn = torch.nn
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    engine.reset()
+    yield
+    engine.reset()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 64)).to(DEV)
+
+
+def test_inference_replays_one_graph_with_eagers_results_and_kept_outputs_stay():
+    model = mlp().eval()
+    with logs("cudagraphs") as shown, torch.no_grad():
+        f = engine.compile(model, mode="reduce-overhead")
+        xs = [torch.randn(8, 64, device=DEV) for _ in range(5)]
+        outs = [f(x) for x in xs]           # kept: a later replay must not overwrite them
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    captured = [s for s in shown if "captured for input shapes" in s]
+    assert len(captured) == 1, shown
+    assert "2 copied" not in captured[0] and "1 copied" in captured[0]   # x is copied; the weights are read in place
+
+
+def test_a_new_shape_captures_again():
+    model = mlp().eval()
+    with logs("cudagraphs") as shown, torch.no_grad():
+        f = engine.compile(model, mode="reduce-overhead", dynamic=False)
+        for n in (8, 8, 8, 16, 16, 16, 8):
+            x = torch.randn(n, 64, device=DEV)
+            torch.testing.assert_close(f(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len([s for s in shown if "captured for input shapes" in s]) == 2, shown
+
+
+def test_training_steps_with_adamw_match_eager():
+    model = mlp()
+    twin = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+
+    def step(m, o, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    compiled = engine.compile(step, mode="reduce-overhead")
+    with logs("cudagraphs") as shown:
+        for _ in range(6):
+            x = torch.randn(8, 64, device=DEV)
+            torch.testing.assert_close(compiled(twin, twin_opt, x), step(model, opt, x), rtol=1e-3, atol=1e-4)
+    for a, b in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    roles = " ".join(s for s in shown if "captured for input shapes" in s)
+    assert "forward graph" in roles and "backward graph" in roles, shown
+
+
+def test_inputs_written_in_place_and_outputs_that_alias_inputs():
+    def f(x, y):
+        x.add_(1)                  # the caller's x changes, as in eager
+        return x.view(-1), y * 2   # the first result is a view of the caller's x
+
+    g = engine.compile(f, mode="reduce-overhead")
+    for _ in range(4):
+        x, y = torch.randn(4, 4, device=DEV), torch.randn(4, 4, device=DEV)
+        ex = x.clone()
+        v, out = g(x, y)
+        torch.testing.assert_close(x, ex + 1)
+        torch.testing.assert_close(out, y * 2)
+        assert v.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_random_ops_draw_new_numbers_on_each_replay():
+    f = engine.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True) * 1, mode="reduce-overhead")
+    x = torch.ones(4096, device=DEV)
+    outs = [f(x) for _ in range(4)]
+    assert all(((o == 0) | (o == 2)).all() for o in outs)
+    assert not torch.equal(outs[2], outs[3])      # two replays: two different masks
+
+
+def test_cpu_inputs_run_without_cuda_graphs_and_say_why():
+    with logs("cudagraphs") as shown:
+        f = engine.compile(lambda x, n: x * n, mode="reduce-overhead")
+        out = f(torch.ones(4, device=DEV), torch.tensor(3.0))     # a CPU scalar tensor
+    torch.testing.assert_close(out, torch.full((4,), 3.0, device=DEV))
+    assert any("runs without CUDA graphs: input 1 is a cpu tensor" in s for s in shown), shown

@@ -1,0 +1,124 @@
+"""The differential fuzzer (tests/fuzz) over a fixed range of seeds: random programs with
+in-place ops, views, aliasing, control flow, globals, closures, modules and gradients, each
+called several times with changed inputs, eagerly and through engine.compile.
+
+A wrong result (call 0 differs from eager) or a stale one (a later call, after the
+inputs, globals or module changed, differs) fails, with the shrunk repro scripts and
+their programs in the message. Crashes (the engine raised where eager did not) are printed
+and warned about, not failures. More seeds: `python -m tests.fuzz --help`."""
+
+import logging
+import os
+import sys
+import warnings
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from tests.fuzz import gen, harness, runner  # noqa: E402
+
+# (backend, seeds): about 60 s together on 2 cores, plus a few seconds of shrinking per failure
+CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor", range(2000, 2008))]
+
+
+# programs that once gave a wrong or stale result, each with the backend it failed on
+FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that is y: now a graph break
+         (404034, "inductor"),    # the std of one silu'd element: inf where eager gives nan
+         (405199, "inductor")]    # torch.tensor([...]) handed over a break as the graph's constant itself
+
+
+@pytest.mark.parametrize("seed,backend", FIXED)
+def test_a_fuzz_program_that_once_failed_matches_eager(seed, backend):
+    prog, _ = gen.generate(seed)
+    outcome = runner.check(prog, "engine", backend)
+    assert outcome.category == "pass", outcome.line()
+
+
+def _program_lines(src):
+    """The program without its fixed header (imports, DEVNULL, LOG) and blank lines."""
+    header = src.split("DEVNULL = Sink()\n", 1)[0] + "DEVNULL = Sink()\n"
+    return [x for x in src[len(header):].splitlines() if x.strip() and not x.startswith("LOG =")]
+
+
+@pytest.mark.parametrize("backend,seeds", CASES, ids=[c[0] for c in CASES])
+def test_fuzz_matches_eager(backend, seeds, tmp_path):
+    trace_log = logging.getLogger("torch.__trace")   # its DEBUG records would flood the captured log
+    level = trace_log.level
+    trace_log.setLevel(logging.WARNING)
+    try:
+        results = runner.fuzz(backend, list(seeds), out=str(tmp_path), shrink_budget=8.0, log=lambda s: None)
+    finally:
+        trace_log.setLevel(level)
+    print(runner.summarize(results, backend, compare=False))
+    crashes = [r for r in results if r.engine.category == "crash"]
+    for r in crashes:
+        msg = f"fuzz {backend} seed {r.seed}: {r.engine.line()}  [{r.repro}]"
+        print(msg)
+        warnings.warn(msg, stacklevel=1)
+    bad = [r for r in results if r.engine.category in ("wrong", "stale")]
+    if bad:
+        parts = []
+        for r in bad:
+            parts.append(f"--- seed {r.seed}: {r.shrunk.line()}\n    repro: {r.repro}\n"
+                         + "\n".join("    " + x for x in _program_lines(r.shrunk_source)))
+        pytest.fail(f"{len(bad)} of {len(results)} fuzz programs ({backend}) give results that differ from eager:\n"
+                    + "\n".join(parts), pytrace=False)
+    assert results, "the generator made no programs"
+
+
+def _perturbed(fn, change):
+    """fn, with `change` applied to each tensor it returns (a deliberately wrong compiler)."""
+    def run(*args):
+        out = fn(*args)
+        if isinstance(out, dict):
+            return {k: change(v) if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+        if isinstance(out, (list, tuple)):
+            return type(out)(change(v) if isinstance(v, torch.Tensor) else v for v in out)
+        return change(out) if isinstance(out, torch.Tensor) else out
+    return run
+
+
+def _float_program():
+    """The first generated program whose first output is a float32 tensor that eager
+    computes the same twice."""
+    for seed in range(100):
+        prog, _ = gen.generate(seed)
+        ns, calls, gnames = gen.load(prog)
+        res = harness.run_call(ns, ns["fn"], calls[0], gnames)
+        flat = list(harness.flat_tensors(res.get("out", ("value", None))[1])) if "error" not in res else []
+        if flat and res["out"][0] == "tensor" and res["out"][1].dtype == torch.float32 and res["out"][1].numel() > 1:
+            return prog
+    raise AssertionError("no float program in 100 seeds")
+
+
+def test_a_wrong_value_is_wrong_and_rounding_is_noise(monkeypatch):
+    # A compiler whose result is off by 1e-2 gives a wrong result, also in float64;
+    # one that rounds float32 results to bfloat16 is exact in float64: that is what rounding
+    # noise looks like (the same arithmetic, rounded differently), and it is counted apart.
+    prog = _float_program()
+    monkeypatch.setattr(runner, "compiler", lambda impl, backend: lambda fn: _perturbed(fn, lambda t: t + 1e-2))
+    wrong = runner._check(prog, "engine", "eager")
+    assert wrong.category == "wrong"
+    compile(runner.repro_source(prog, "engine", "eager", wrong), "repro.py", "exec")   # the repro is Python
+    rounded = lambda t: t.to(torch.bfloat16).to(t.dtype) if t.dtype == torch.float32 else t  # noqa: E731
+    monkeypatch.setattr(runner, "compiler", lambda impl, backend: lambda fn: _perturbed(fn, rounded))
+    out = runner._check(prog, "engine", "eager")
+    assert out.category == "noise" and not out.failed and "values differ" in out.detail
+    monkeypatch.setattr(runner, "compiler", lambda impl, backend: lambda fn: fn)
+    assert runner._check(prog, "engine", "eager").category == "pass"
+
+
+def test_a_float_difference_no_larger_than_eagers_own_error_passes():
+    eager = ("tensor", torch.tensor([1.0, 2.0]), False)
+    compiled = ("tensor", torch.tensor([1.001, 2.0]), False)
+    near = {"out": ("tensor", torch.tensor([1.0006, 2.0], dtype=torch.float64), False)}
+    far = {"out": ("tensor", torch.tensor([1.0, 2.0], dtype=torch.float64), False)}
+    res = lambda out: {"out": out, "alias": {}, "inputs": ("dict", []), "globals": ("dict", []), "module": None}  # noqa: E731
+    assert harness.compare(res(eager), res(compiled)) is not None
+    assert harness.compare(res(eager), res(compiled), far) is not None
+    assert harness.compare(res(eager), res(compiled), near) is None

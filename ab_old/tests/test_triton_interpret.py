@@ -1,0 +1,632 @@
+"""The Triton emitter, checked without a GPU: graphs are compiled to Triton kernels for
+CPU tensors and run under Triton's interpreter (engine.config.triton_interpret; the
+interpreter is switched on only while our kernel modules load, so other tests see a
+normal triton). Every result is compared with eager. Shapes are small: the interpreter
+runs each program in numpy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+import observe  # noqa: E402
+from engine import config  # noqa: E402
+from engine.codegen import decomposition_table  # noqa: E402
+from engine.codegen.triton import compile_fx_triton  # noqa: E402
+from engine.codegen.triton.heuristics import Shape, candidates, heuristic  # noqa: E402
+
+F = torch.nn.functional
+
+# The interpreter computes masked-off lanes too (in numpy), where 0/0 and the like warn.
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")]
+
+
+@pytest.fixture(autouse=True)
+def interpret():
+    with config.patch(triton_interpret=True):
+        yield
+
+
+def compile_triton(fn, *inputs, symbolic=False):
+    gm = make_fx(fn, decomposition_table=decomposition_table(),
+                 tracing_mode="symbolic" if symbolic else "real")(*inputs)
+    example = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"] if symbolic else list(inputs)
+    return compile_fx_triton(gm, example)
+
+
+def check(fn, *inputs, rtol=1e-5, atol=1e-5, symbolic=False, runs=None):
+    """Compile fn through the Triton emitter, run it (on `runs` input sets too), compare with eager."""
+    compiled = compile_triton(fn, *inputs, symbolic=symbolic)
+    assert compiled.fallback_reason is None, compiled.fallback_reason
+    assert compiled.n_kernels >= 1
+    for args in [inputs] + list(runs or []):
+        got = pytree.tree_leaves(compiled(*args))
+        want = pytree.tree_leaves(fn(*args))
+        assert len(got) == len(want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
+            if w.dtype.is_floating_point:
+                torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"output {i}: {m}")
+            else:
+                assert torch.equal(g, w), (i, g, w)
+    return compiled
+
+
+def kernels_of(compiled) -> str:
+    return compiled.artifacts["triton_kernels.py"]
+
+
+# -- pointwise -------------------------------------------------------------------------
+def test_pointwise_chain_is_one_kernel():
+    def f(x, y):
+        return torch.sigmoid(torch.tanh(x * 2 + y) - 0.5).relu() * x.exp()
+
+    c = check(f, torch.randn(37, 53), torch.randn(37, 53), atol=1e-5)
+    assert c.n_kernels == 1
+    src = kernels_of(c)
+    # contiguous operands are indexed by the flat block index (vectorizable loads)
+    assert "tl.load(p_arg0 + xindex, xmask" in src
+
+
+def test_broadcasting_and_scalars():
+    def f(x, row, col):
+        return (x - row) / (col + 3.0) + torch.where(x > 0, 1.0, -2.0)
+
+    check(f, torch.randn(37, 53), torch.randn(53), torch.rand(37, 1))
+
+
+def test_non_contiguous_and_sliced_inputs():
+    def f(x, y):
+        return x.t() * 2 + y[:, 1::2]
+
+    x = torch.randn(53, 37)
+    y = torch.randn(37, 106)
+    check(f, x, y)
+    check(lambda a: (a + 1).sin(), torch.randn(20, 30).t())
+
+
+def test_integer_and_bool_ops_follow_python_rounding():
+    def f(a, b):
+        return a // b, a % b, (a > 0) & (b > 2), torch.bitwise_xor(a, b)
+
+    a = torch.randint(-50, 50, (37,))
+    b = torch.randint(1, 7, (37,)) * torch.where(torch.rand(37) > 0.5, 1, -1)
+    check(f, a, b)
+
+
+def test_float_floor_division_and_remainder_edge_values():
+    a = torch.tensor([5.5, -5.5, 5.5, -5.5, 0.0, -0.0, float("inf"), 3.0, -3.0, 7.0, 1.0, -1e-30])
+    b = torch.tensor([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.7, float("inf"), float("inf"), 0.0, -0.0, 3.0])
+    c = compile_triton(lambda x, y: (torch.floor_divide(x, y), torch.remainder(x, y)), a, b)
+    assert c.fallback_reason is None
+    for got, want in zip(c(a, b), (torch.floor_divide(a, b), torch.remainder(a, b))):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))      # -0.0 where eager has it
+
+
+def test_cat_and_pad_use_masked_loads():
+    def f(x, y):
+        return torch.cat([x, y * 2], dim=1), F.pad(x, (2, 3), value=-1.0)
+
+    check(f, torch.randn(9, 13), torch.randn(9, 7))
+
+
+def test_a_scalar_read_inside_a_padded_region():
+    # a 0-dim tensor (a loss's scale) read where a pad's mask applies: one address broadcast
+    # to the mask's block (Triton refuses a block mask on a single pointer)
+    check(lambda x, s: F.pad(x * s, (0, 3)), torch.randn(4, 5), torch.tensor(2.5))
+
+
+# -- reductions ------------------------------------------------------------------------
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "mean", "var"])
+def test_last_dim_reductions(op):
+    x = torch.randn(37, 53)
+    x[3, 7] = float("nan") if op in ("amax", "amin") else x[3, 7]
+    fn = {"sum": lambda t: t.sum(-1), "amax": lambda t: t.amax(-1), "amin": lambda t: t.amin(-1),
+          "mean": lambda t: t.mean(-1, keepdim=True), "var": lambda t: t.var(-1)}[op]
+    check(fn, x, rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_over_leading_and_several_dims():
+    x = torch.randn(11, 13, 17)
+    check(lambda t: t.sum(0), x, rtol=1e-4, atol=1e-5)
+    check(lambda t: t.amax(1), x)
+    check(lambda t: t.sum((0, 2)), x, rtol=1e-4, atol=1e-4)
+    check(lambda t: t.sum(), x, rtol=1e-4, atol=1e-4)
+
+
+def test_leading_dim_reduction_through_a_view_tiles_wide_in_x():
+    # a bias gradient: the rows are strided, the columns contiguous (behind cat's index math)
+    c = check(lambda a, b: torch.cat([a, b * 2], 1).sum(0), torch.randn(600, 8), torch.randn(600, 4),
+              rtol=1e-4, atol=1e-4)
+    (ks,) = c.triton_kernels.values()
+    assert ks.x_contiguous and not ks.persistent
+
+
+def test_row_and_column_reductions_get_a_kernel_each():
+    # layer norm's backward: per-row sums (grad input) and per-column sums over (2, 32) rows
+    # (grad weight), #rows == #cols: they read memory in opposite orders, so each gets the
+    # tile shape of its own order (one kernel starved one of them: 2x slower on an H200)
+    def f(g, x, w):
+        g3 = g.view(2, 32, 64)
+        return (g * w).sum(-1), (g3 * x).sum((0, 1)), g3.sum((0, 1))
+
+    g, x = torch.randn(64, 64), torch.randn(2, 32, 64)
+    c = check(f, g, x, torch.randn(64), rtol=1e-4, atol=1e-4)
+    assert c.n_kernels == 2
+    assert sorted(ks.x_contiguous for ks in c.triton_kernels.values()) == [False, True]
+
+
+def test_argmax_and_bool_reductions():
+    x = torch.randn(9, 33)
+    x[2, 5] = x[2, 20] = 10.0          # ties: first index
+    check(lambda t: (t.argmax(-1), t.argmin(0)), x)
+    check(lambda t: ((t > 1).any(-1), (t > -3).all(-1)), x)
+
+
+def test_softmax_reads_its_input_once():
+    c = check(lambda t: torch.softmax(t, -1), torch.randn(37, 53))
+    src = kernels_of(c)
+    assert c.n_kernels == 1
+    body = src[src.index("def kernel0"):]
+    assert body.count("tl.load(") == 1, body          # persistent: the row stays in registers
+    assert body.count("tl.store(") == 1, body         # exp() is not written back
+
+
+def test_looped_reduction_when_the_row_is_long(monkeypatch):
+    from engine.codegen.triton import kernel
+    monkeypatch.setattr(kernel, "PERSISTENT_MAX", 16)
+    c = check(lambda t: torch.softmax(t * 2, -1), torch.randn(5, 100), rtol=1e-5, atol=1e-6)
+    assert "for roffset in range(0, 100, RBLOCK)" in kernels_of(c)
+    c = check(lambda t: t.sum(0), torch.randn(300, 6), rtol=1e-4, atol=1e-4)
+    check(lambda t: t.argmax(-1), torch.randn(4, 70))
+
+
+def test_split_reduction_when_few_rows_are_long():
+    # a weight gradient's column sums (40 rows of 1100) and full reductions (one row):
+    # too few rows to fill a GPU, so NSPLIT programs reduce parts of each row into fp32
+    # partials and a second kernel combines them, then runs the epilogue (the mean's divide)
+    def f(g, x):
+        return (g * x).sum(0), g.sum(0), (x * x).mean(), x.amax()
+
+    g, x = torch.randn(1100, 40), torch.randn(1100, 40)
+    c = check(f, g, x, rtol=1e-4, atol=1e-4, runs=[(g * 2, x + 1)])
+    src = kernels_of(c)
+    assert c.n_kernels == 2 and src.count("_split(") == 2, src
+    assert all(ks.split_slots for ks in c.triton_kernels.values())
+    assert "tl.program_id(1) * RSPLIT" in src
+
+
+def test_layernorm_and_rmsnorm():
+    def ln(x, w, b):
+        return F.gelu(F.layer_norm(x, (53,), w, b))
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    x = torch.randn(37, 53)
+    check(ln, x, torch.randn(53), torch.randn(53), rtol=1e-4, atol=1e-5)
+    check(rms, x, torch.randn(53), rtol=1e-4, atol=1e-5)
+
+
+def test_gelu_is_x_times_the_normal_cdf():
+    # eager computes 0.5*x*(1 + erf(x/sqrt(2))); the kernels compute x*Phi(x) with Phi
+    # from _ndtr, a fitted exp2 form: as close to exact as eager's, and closer in the
+    # negative tail, where 1 + erf cancels
+    x = torch.cat([torch.linspace(-9, 9, 3001),
+                   torch.tensor([0.0, -0.0, 1e30, -1e30, -float("inf"), float("nan")])])
+    c = check(F.gelu, x, rtol=1e-6, atol=1e-6)
+    assert c(torch.tensor([float("inf")])).item() == float("inf")     # eager's CPU kernel says nan
+    assert "_ndtr(" in kernels_of(c) and "erf" not in kernels_of(c).split("def kernel", 1)[1]
+    got = c(x).double()
+    exact = x.double() * torch.special.ndtr(x.double())
+    finite = x.isfinite()
+    assert ((got - exact).abs() <= 2e-7 * x.double().abs() + 1e-30)[finite].all()
+    tail = (x > -5.5) & (x < -3)
+    ours = ((got - exact).abs() / exact.abs())[tail].max()
+    eager = ((F.gelu(x).double() - exact).abs() / exact.abs())[tail].max()
+    assert ours < 1e-5 < eager
+    check(F.gelu, torch.randn(300, dtype=torch.bfloat16), rtol=1e-2, atol=1e-2)
+    check(F.gelu, torch.randn(300, dtype=torch.float64), rtol=1e-12, atol=1e-12)      # erf for float64
+    check(lambda t: F.gelu(t, approximate="tanh"), torch.randn(300), rtol=1e-5, atol=1e-5)
+
+
+# -- dtypes ------------------------------------------------------------------------------
+def test_bf16_computes_in_fp32_and_stores_bf16():
+    def f(x, w, b):
+        return F.layer_norm(x, (64,), w, b), torch.softmax(x, -1), (x * 3 + 1).sigmoid()
+
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    b = torch.randn(64, dtype=torch.bfloat16)
+    c = check(f, x, w, b, rtol=2e-2, atol=2e-2)
+    assert ".to(tl.float32)" in kernels_of(c) and ".to(tl.bfloat16)" in kernels_of(c)
+
+
+def test_fp16_and_float64():
+    check(lambda t: (t * t).sum(-1), torch.randn(8, 33, dtype=torch.float16), rtol=1e-2, atol=1e-2)
+    check(lambda t: torch.softmax(t, 0), torch.randn(8, 33, dtype=torch.float64), rtol=1e-10, atol=1e-12)
+
+
+# -- matmul epilogue ---------------------------------------------------------------------
+def test_matmul_stays_aten_with_a_fused_epilogue():
+    def f(x, w, b):
+        return F.gelu(F.linear(x, w, b)) * 2
+
+    c = check(f, torch.randn(12, 20), torch.randn(24, 20), torch.randn(24), rtol=1e-4, atol=1e-5)
+    assert c.n_externs == 1 and c.n_kernels == 1
+    assert "aten.mm" in c.source or "aten.addmm" in c.source
+
+
+# -- dynamic sizes -------------------------------------------------------------------------
+def test_dynamic_sizes_are_kernel_arguments():
+    def f(x, y):
+        return torch.softmax(x, -1) + y.sum(-1, keepdim=True)
+
+    x, y = torch.randn(6, 10), torch.randn(6, 7)
+    c = check(f, x, y, symbolic=True, runs=[(torch.randn(9, 13), torch.randn(9, 5))])
+    src = kernels_of(c)
+    assert "for roffset in range(" in src     # a dynamic row loops
+    assert "xnumel=s" in c.source or "xnumel=(s" in c.source
+
+
+# -- what the tools show -------------------------------------------------------------------
+def test_kernel_code_and_output_code_events():
+    seen = []
+    fn = observe.subscribe(seen.append, events=["artifact", "inductor_output_code"])
+    try:
+        compile_triton(lambda t: torch.softmax(t, -1), torch.randn(4, 8))
+    finally:
+        observe.unsubscribe(fn)
+    kernel_events = [e for e in seen if e.name == "artifact" and e.metadata.get("name") == "kernel_code"]
+    assert kernel_events and "@triton.jit" in kernel_events[0].payload()
+    # named after the ops it fuses, as profiler traces show it
+    assert kernel_events[0].metadata["kernel"] == "kernel0_amax_sub_exp_sum_etc"
+    out = [e for e in seen if e.name == "inductor_output_code"]
+    assert out and "def call(args):" in out[0].payload() and "Launcher(" in out[0].payload()
+
+
+def test_unsupported_op_in_interpreter_falls_back_to_aten():
+    # pow with a tensor exponent needs libdevice, which the CPU interpreter lacks
+    c = compile_triton(lambda a, b: torch.pow(a.abs() + 1, b), torch.rand(5), torch.rand(5))
+    assert c.fallback_reason is not None and "libdevice" in c.fallback_reason
+    a, b = torch.rand(5), torch.rand(5)
+    torch.testing.assert_close(c(a, b), torch.pow(a.abs() + 1, b))
+
+
+# -- heuristics ----------------------------------------------------------------------------
+def test_heuristics_per_kernel_shape():
+    pw = heuristic(Shape("pointwise", False, 64 << 20, 1, False))
+    assert pw.XBLOCK == 1024 and pw.num_warps == 4
+    assert heuristic(Shape("pointwise", False, 37, 1, False)).XBLOCK == 64
+    row = heuristic(Shape("reduction", True, 8192, 4096, False))
+    assert (row.XBLOCK, row.RBLOCK, row.num_warps) == (1, 4096, 4)
+    small = heuristic(Shape("reduction", True, 1000, 53, False))
+    assert small.RBLOCK == 64 and small.XBLOCK > 1
+    looped = heuristic(Shape("reduction", False, 8, 100000, False))
+    assert looped.XBLOCK == 1 and looped.RBLOCK == 2048
+    cols = heuristic(Shape("reduction", False, 4096, 8192, True))
+    assert (cols.XBLOCK, cols.RBLOCK) == (8, 256)
+    # a split column sum: 64 columns a program, 4 programs per SM, each at least 4 steps
+    split = heuristic(Shape("reduction", False, 1024, 16384, True, split=True, sms=132))
+    assert (split.XBLOCK, split.RBLOCK, split.NSPLIT, split.RSPLIT) == (64, 64, 64, 256)
+    whole = heuristic(Shape("reduction", False, 1, 1 << 24, False, split=True, sms=132))
+    assert (whole.XBLOCK, whole.NSPLIT) == (1, 1024) and whole.NSPLIT * whole.RSPLIT >= 1 << 24
+    for s in (Shape("pointwise", False, 1 << 20, 1, False), Shape("reduction", True, 4096, 4096, False),
+              Shape("reduction", False, 1024, 16384, True, split=True)):
+        cands = candidates(s)
+        assert heuristic(s) == cands[0] and len(cands) > 3 and len(set(cands)) == len(cands)
+
+
+def test_direct_launch_keys_on_what_triton_specializes_on():
+    from triton import knobs
+
+    from engine.codegen.triton.launcher import DirectLaunch
+    x = torch.randn(64)
+    # pointers: 16-byte alignment; integers: ==1, %16 and 32-bit width
+    assert DirectLaunch.specialization((x, x[1:], 1, 32, 7, 2 ** 40)) == (
+        True, False, (True, False, True), (False, True, True), (False, False, True), (False, True, False))
+    assert DirectLaunch.specialization((x, 1.5)) is None        # anything else: Triton's own dispatch
+    direct = DirectLaunch(None, knobs)
+    assert not direct._hooked()
+    knobs.runtime.launch_enter_hook.add(print)                  # a profiler's hook: Triton's path
+    try:
+        assert direct._hooked()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+
+
+@triton.jit
+def _axpy(x, y, out, n, stride, alpha, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i * stride, alpha * tl.load(x + i, i < n) + tl.load(y + i, i < n), i < n)
+
+
+def test_cuda_launch_passes_the_compiled_signature():
+    # compiled for an H100 here, without a GPU: the parameters our ctypes launcher fills
+    # are the kernel's non-constexpr arguments in order (stride == 1 was specialized away)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton.cuda_launch import CudaKernel, KernelBinary, Unsupported
+
+    def compile_for_h100(signature, constexprs):
+        return triton.compile(ASTSource(_axpy, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 2})
+
+    loads = []
+
+    def load_binary(name, binary, shared, device):
+        loads.append((name, device))
+        return None, 0xF00, 16, 0, 1024
+
+    compiled = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "constexpr",
+                                 "alpha": "i64", "BLOCK": "constexpr"}, {"stride": 1, "BLOCK": 128})
+    kernel = CudaKernel(KernelBinary.of(compiled), 6, 0, load_binary)
+    assert loads == [("_axpy", 0)] and kernel.function == 0xF00 and kernel.block == 64
+    assert kernel.positions == [0, 1, 2, 3, 5]
+    x, y, out = torch.randn(8), torch.randn(8), torch.empty(8)
+    kernel.fill((x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, 1, -3))
+    assert [s.value for s in kernel.slots] == [x.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3]
+    assert len(kernel.params) == 5 + 2                          # then the two (null) scratch pointers
+    floats = compile_for_h100({"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "stride": "i32",
+                               "alpha": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 128})
+    with pytest.raises(Unsupported, match="alpha"):             # a float scalar: Triton's launcher
+        CudaKernel(KernelBinary.of(floats), 6, 0, load_binary)
+
+
+def test_a_repeated_launch_fills_the_slots_and_launches_at_the_planned_grid(monkeypatch):
+    # the Launcher's fast path (no GPU here: libcuda and the device queries are stand-ins)
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton import cuda_launch
+
+    compiled = triton.compile(ASTSource(_axpy, {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32",
+                                                "stride": "constexpr", "alpha": "i64", "BLOCK": "constexpr"},
+                                        {"stride": 1, "BLOCK": 128}),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    kernel = cuda_launch.CudaKernel(cuda_launch.KernelBinary.of(compiled), 6, 0,
+                                    lambda *a: (None, 0xF00, 16, 0, 1024))
+    from engine.codegen.triton import c_launch
+    monkeypatch.setattr(c_launch, "_module", [None])          # the ctypes path, with a stand-in libcuda
+    launches, device, hooks = [], [0], []
+    monkeypatch.setattr(cuda_launch, "_libcuda", [(lambda *a: launches.append(
+        (a[:9], [s.value for s in kernel.slots])) or 0, None)])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0x57 + d, raising=False)
+
+    class Counter:
+        hits = 0
+    x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
+    repeat = kernel.repeater((3,), (x, y, out, 8, 1, -3), (True, True, True, (False, False, True), (True, False, True),
+                                                           (False, False, True)), 0, lambda: bool(hooks), Counter)
+    x2 = torch.randn(64)
+    assert repeat(x2, y, out, 8, 1)                        # the last argument (xnumel) is the plan's
+    assert launches == [((0xF00, 3, 1, 1, 64, 1, 1, kernel.shared, 0x57),
+                         [x2.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3])] and Counter.hits == 1
+    assert not repeat(x2[1:], y, out, 8, 1)                # not 16-byte aligned: another binary
+    assert not repeat(x2, y, out, 9, 1)                    # another integer
+    device[0] = 1
+    assert not repeat(x2, y, out, 8, 1)                    # another device
+    device[0] = 0
+    hooks.append(print)
+    assert not repeat(x2, y, out, 8, 1)                    # a profiler's launch hook: Triton's path
+    assert len(launches) == 1
+
+
+def test_the_c_launcher_builds_once_and_checks_its_arguments(tmp_path):
+    # the C extension that calls cuLaunchKernel (no GPU here: it builds, and says libcuda is missing)
+    import os
+
+    from engine.codegen.triton import c_launch
+    mod = c_launch.build(str(tmp_path))
+    assert mod is not None
+    built = os.listdir(tmp_path)
+    assert c_launch.build(str(tmp_path)) is not None and os.listdir(tmp_path) == built    # found, not rebuilt
+    with pytest.raises(TypeError):
+        mod.launch(1, 2)
+    if not mod.available():
+        with pytest.raises(RuntimeError, match="cuLaunchKernel"):
+            mod.launch(0, 1, 1, 32, 0, 0, 0)
+
+
+_SCALE_KERNEL = """
+@triton.jit
+def scale(x, out, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + i, tl.load(x + i, i < n) * 3, i < n)
+"""
+
+
+def test_compile_worker_process_returns_the_binary_triton_compiles(tmp_path):
+    # a kernel module as the launcher writes it, compiled for an H100 in a worker process
+    # (no GPU here): the same binary Triton's compile gives in this process, with the
+    # metadata our launcher needs; a kernel that does not compile, or a worker that dies,
+    # fails that job's Future only
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.codegen.triton.compile_worker import CompileFailed, WorkerPool
+    from engine.codegen.triton.cuda_launch import CudaKernel, KernelBinary
+    from engine.codegen.triton.kernel import module_prelude
+    from engine.codegen.triton.launcher import load_module
+
+    mod = load_module(module_prelude(False) + _SCALE_KERNEL, interpret=False)
+    signature = {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    job = {"path": mod.__file__, "fn": "scale", "signature": signature, "constexprs": {(3,): 256},
+           "attrs": {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]},
+           "options": {"num_warps": 2}, "target": ("cuda", 90, 32)}
+    crash = tmp_path / "crash.py"            # a module that kills the worker process loading it
+    crash.write_text("import os\nos._exit(3)\n")
+    pool = WorkerPool(1, 90)
+    try:
+        ok = pool.submit(job)
+        bad = pool.submit(dict(job, fn="no_such_kernel"))
+        result = ok.result(timeout=120)
+        with pytest.raises(CompileFailed, match="no_such_kernel"):
+            bad.result(timeout=120)
+        assert pool.submit(job).result(timeout=120)["binary"] == result["binary"]   # the worker lives on
+        with pytest.raises(CompileFailed, match="died"):
+            pool.submit(dict(job, path=str(crash))).result(timeout=120)
+        assert pool.submit(job).result(timeout=120)["binary"] == result["binary"]   # a new worker took over
+    finally:
+        pool.close()
+    here = triton.compile(ASTSource(mod.scale, signature, {(3,): 256}, job["attrs"]),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 2})
+    assert result["name"] == "scale" and result["binary"] == here.kernel
+    assert result["metadata"]["num_warps"] == 2 and result["metadata"]["shared"] == here.metadata.shared
+    kernel = CudaKernel(KernelBinary(result["name"], result["binary"], signature, mod.scale.arg_names,
+                                     result["metadata"]), 3, 0, lambda *a: (None, 0xF00, 0, 0, 0))
+    assert kernel.positions == [0, 1, 2] and kernel.block == 64
+
+
+# -- through engine.compile (capture, AOT, the inductor backend's Triton path) ---------------
+def test_engine_compile_inference_and_training_use_triton():
+    import engine
+    from engine.codegen import debug_files
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(), torch.nn.LayerNorm(24))
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(), torch.nn.LayerNorm(24))
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(6, 16)
+    engine.reset()
+    try:
+        out = engine.compile(model)(x)
+        assert "triton_kernels.py" in debug_files()          # the last graph compiled went through Triton
+        out.square().mean().backward()
+    finally:
+        engine.reset()
+    want = ref(x)
+    want.square().mean().backward()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+
+def test_gathers_embedding_index_select_and_gather_load_indirectly():
+    """Token and position embeddings, layer norm, index_select and gather: the addresses come
+    from loaded indices (the emitter's indirect loads), fused with what follows them."""
+    torch.manual_seed(0)
+    tokens, positions, w = torch.randn(100, 16), torch.randn(32, 16), torch.randn(16)
+
+    def f(ids, idx):
+        h = F.embedding(ids, tokens) + F.embedding(torch.arange(ids.shape[1]), positions)
+        h = F.layer_norm(h, (16,), w)
+        return (h.sum(-1), torch.index_select(h, 1, idx) * 2,
+                torch.gather(h, 2, ids[..., None].clamp(max=15).expand(-1, -1, 4)))
+
+    ids, idx = torch.randint(0, 100, (3, 8)), torch.tensor([0, 5, 2])
+    check(f, ids, idx, rtol=1e-4, atol=1e-4, runs=[(torch.randint(0, 100, (3, 8)), torch.tensor([7, 7, 1]))])
+
+
+# -- combo kernels: independent pointwise kernels launched as one ---------------------------
+def test_an_optimizer_step_launches_its_per_parameter_kernels_as_one_combo_kernel():
+    import engine
+    from engine_helpers import logs
+
+    def params():
+        torch.manual_seed(0)
+        return [torch.randn(6, 5, requires_grad=True), torch.randn(7, requires_grad=True),
+                torch.randn(3, 4, 2, requires_grad=True), torch.randn(300, requires_grad=True)]
+
+    ref, mine = params(), params()
+    eager_opt = torch.optim.SGD(ref, lr=1e-2, momentum=0.9, nesterov=True, foreach=True)
+    opt = torch.optim.SGD(mine, lr=1e-2, momentum=0.9, nesterov=True, foreach=True)
+    engine.reset()
+    try:
+        step = engine.compile(opt.step, backend="inductor")
+        with logs("output_code") as code, logs("fusion") as fusion:
+            for _ in range(3):
+                for a, b in zip(ref, mine):
+                    a.grad = torch.randn_like(a)
+                    b.grad = a.grad.clone()
+                eager_opt.step()
+                step()
+    finally:
+        engine.reset()
+    for a, b in zip(ref, mine):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(opt.state[b]["momentum_buffer"], eager_opt.state[a]["momentum_buffer"])
+    code, fusion = "\n".join(code), "\n".join(fusion)
+    # the first step (momentum buffers created) and the later ones: each one launch of 4 members
+    assert fusion.count("launch as one kernel") == 2, fusion
+    calls = [ln.strip() for ln in code.splitlines() if ln.strip().startswith(("combo", "kernel")) and "(arg" in ln]
+    assert len(calls) == 2 and all(c.startswith("combo") for c in calls), calls
+
+
+def _stand_in(name, read, written, kind="pointwise"):
+    import sympy
+    from types import SimpleNamespace
+    src = f"@triton.jit\ndef {name}(xnumel, XBLOCK: tl.constexpr):\n    xindex = tl.program_id(0)\n"
+    return SimpleNamespace(name=name, kind=kind, split_slots=0, symbols=[], xnumel=sympy.Integer(64), source=src,
+                           read=set(read), written=set(written), buffers=sorted(set(read) | set(written)))
+
+
+def test_combo_plan_keeps_kernels_apart_that_depend_on_each_other():
+    from types import SimpleNamespace
+
+    from engine.codegen.triton import combo
+
+    def groups(kernels, reuse=None, between=()):
+        steps = [SimpleNamespace(name=k.name) for k in kernels]
+        for i in between:
+            steps.insert(i, SimpleNamespace(name="extern"))
+        return [[steps[i].name for i in g] for g in combo.plan(steps, {k.name: k for k in kernels}, reuse or {})]
+
+    a = _stand_in("k0", ["x"], ["buf0"])
+    b = _stand_in("k1", ["y"], ["buf1"])
+    assert groups([a, b]) == [["k0", "k1"]]
+    # k1 reads what k0 writes: blocks of one launch run in any order
+    assert groups([a, _stand_in("k1", ["buf0"], ["buf1"])]) == []
+    # both write one buffer; or k1's output takes the memory of k0's input (freed after k0)
+    assert groups([a, _stand_in("k1", ["y"], ["buf0"])]) == []
+    assert groups([a, _stand_in("k1", ["y"], ["buf1"])], reuse={"buf1": "x"}) == []
+    # an extern between them, or a reduction, breaks the run
+    assert groups([a, b], between=[1]) == []
+    assert groups([a, _stand_in("k1", ["y"], ["buf1"], kind="reduction")]) == []
+    # a third kernel that depends on the first starts a new combo
+    c = _stand_in("k2", ["buf0"], ["buf2"])
+    d = _stand_in("k3", ["z"], ["buf3"])
+    assert groups([a, b, c, d]) == [["k0", "k1"], ["k2", "k3"]]
+
+
+def test_channels_last_pointwise_walks_memory_order():
+    """A pointwise op on a channels-last activation (a conv net's BatchNorm+ReLU) is computed
+    in N, H, W, C order: the input is read and the output written at the flat block index,
+    not with a stride of C between neighbouring lanes."""
+    def f(x, w):
+        return (x * w + 1).relu()
+
+    x = torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last)
+    c = check(f, x, torch.randn(8, 1, 1))
+    src = kernels_of(c)
+    assert "tl.load(p_arg0 + xindex, xmask" in src and "tl.store(p_buf0 + xindex" in src, src
+    out = c(x, torch.randn(8, 1, 1))
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    assert out.stride() == x.stride()
+
+
+def test_the_layers_of_a_stack_launch_one_kernel_each_copy():
+    """Four identical blocks (matmul, bias, layer norm, GELU): each block's kernels differ only
+    in the buffers they read and write, so the later blocks launch the first block's
+    kernels (compiled once; a profile shows each launched four times). A block with
+    another width keeps its own."""
+    from codegen_helpers import stack_of_blocks
+    stack, inputs = stack_of_blocks()
+    c = check(stack, *inputs, rtol=1e-4, atol=1e-4)
+    code = c.artifacts["output_code.py"]
+    copies = [line for line in code.splitlines() if line.endswith("# the same kernel")]
+    launchers = [line for line in code.splitlines() if "= Launcher(_mod." in line]
+    assert len(copies) == 3 and len(launchers) == 2, code
+    src = kernels_of(c)
+    assert src.count("\ndef kernel") == 2

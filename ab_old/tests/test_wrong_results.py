@@ -1,0 +1,484 @@
+"""No wrong results: programs the fuzzer and the OpInfo sweep found giving results that
+differ from eager (or crashing), each compared with eager on every backend. Where a
+program cannot be compiled correctly the engine breaks the graph (or runs aten ops) with a
+reason, and the result is still eager's."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine
+from tests.engine_helpers import fresh_engine, logs  # noqa: F401  (fresh_engine: autouse)
+
+BACKENDS = ["eager", "aot_eager", "inductor"]
+
+
+def same(got, expected):
+    """Values, and whether each tensor requires grad and has a grad_fn, as eager's."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got).__name__}"
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-4, atol=1e-5)
+        assert got.requires_grad == expected.requires_grad, "requires_grad differs from eager"
+        assert (got.grad_fn is None) == (expected.grad_fn is None), "grad_fn differs from eager"
+    elif isinstance(expected, (tuple, list)):
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            same(g, e)
+    else:
+        assert got == expected
+
+
+def run(fn, make_args, backend):
+    """fn on one copy of the arguments eagerly, on another compiled; the results and the
+    arguments afterwards (mutated inputs, module state) compared."""
+    eager_args, compiled_args = make_args(), make_args()
+    expected = fn(*eager_args)
+    got = engine.compile(fn, backend=backend)(*compiled_args)
+    same(got, expected)
+    for a, b in zip(compiled_args, eager_args):
+        if isinstance(a, torch.nn.Module):
+            for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+                torch.testing.assert_close(x, y, msg=f"module state {name} differs from eager")
+        elif isinstance(a, torch.Tensor):
+            torch.testing.assert_close(a.detach(), b.detach(), msg="a mutated input differs from eager")
+    return got
+
+
+# -- K10: a mutation the op's schema does not declare ----------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batchnorm_in_training_updates_running_stats_when_its_output_is_unused(backend):
+    def f(bn, x):
+        bn(x)                   # only the running_mean/running_var update matters
+        return x + 1
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.BatchNorm1d(3).train(), torch.randn(4, 3)
+
+    run(f, make, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_functional_batch_norm_and_instance_norm_update_their_stats(backend):
+    def f(x, rm, rv):
+        torch.nn.functional.batch_norm(x, rm, rv, training=True)
+        torch.nn.functional.instance_norm(x.t()[None], rm, rv, use_input_stats=True)
+        return x.sum()
+
+    def make():
+        torch.manual_seed(0)
+        return torch.randn(4, 3), torch.zeros(3), torch.ones(3)
+
+    run(f, make, backend)
+
+
+# -- K2: a view of a mutated input that is strided or at a storage offset ----------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", ["offset", "transposed", "offset_and_transposed"])
+def test_view_of_an_input_mutated_in_place(layout, backend):
+    def f(w):
+        w.mul_(2)
+        return w[0], w[:, 1:]
+
+    def make():
+        base = torch.arange(24.).view(4, 6)
+        return {"offset": base[:, 1:-1], "transposed": base.t(), "offset_and_transposed": base[1:, 1:].t()}[layout],
+
+    run(f, make, backend)
+
+
+# -- K1, K5, K4: data-dependent output sizes (nonzero, unique, masked_select, t[t > 0]) ---------
+# The ops are captured; their sizes are unbacked symbols (u0), read from the tensors where
+# Python code uses them. The AOT stage and codegen cannot compile such graphs: they run the
+# captured ops (the reason on the `aot` log and perf_hints).
+
+X = torch.tensor([[1.0, -2.0, 3.0], [0.5, 0.0, -1.0]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_sizes_in_python(backend):
+    def f(x):
+        pos = x[x > 0]
+        return pos.shape[0] + 1, pos.expand(2, *pos.shape) * 2, pos.sum()
+
+    run(f, lambda: (X.clone(),), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_ops(backend):
+    def f(x):
+        t = x.detach()
+        picked = t[t > 0]
+        picked.add_(picked, alpha=2)
+        return torch.unique(x) * 2, torch.nonzero(x) + 1, torch.masked_select(x, x > 0).cos(), picked
+
+    run(f, lambda: (X.clone(),), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_size_with_gradients(backend):
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.linspace(-1, 1, 6))
+
+        def forward(self, z):
+            t0 = self.scale[self.scale > 0]
+            return (z[:, :t0.shape[0]] * t0).sum()
+
+    torch.manual_seed(0)
+    m = M()
+    z = torch.randn(3, 6)
+    expected = m(z)
+    expected.backward()
+    grad = m.scale.grad.clone()
+    m.scale.grad = None
+    got = engine.compile(m, backend=backend)(z)
+    same(got, expected)
+    got.backward()
+    torch.testing.assert_close(m.scale.grad, grad)
+
+
+# -- named results of torch ops (torch.return_types): fields, indexing, unpacking --------------
+
+def named_results(x):
+    top = torch.topk(x, 2)
+    lo, lo_idx = x.min(1)
+    return (x.max(-1).values * 2, x.max(dim=0).indices + 1, torch.min(x, 1).values.clamp(0), lo + lo_idx,
+            x.sort(-1)[1] * 1, x.sort(-1).values.exp(), top.indices + top[0].long(), x.kthvalue(2, 1).values.neg(),
+            x.round().mode(1).indices * 1, x.median(1).values.abs(), torch.aminmax(x).max + 1, len(x.max(-1)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_named_results_of_torch_ops(backend):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    run(named_results, lambda: (x.clone(),), backend)
+
+
+def test_named_results_do_not_break_the_graph():
+    torch.manual_seed(0)
+    report = engine.explain(named_results)(torch.randn(3, 4))
+    assert report.graph_count == 1 and report.graph_break_count == 0, report.break_reasons
+
+
+# -- torch.linalg ops with error checks (aten._linalg_check_errors, an ordered side effect) -------
+# Functionalization has no token for the effect: the graph runs its captured ops (the reason
+# on the `aot` log), so a singular input still raises as in eager.
+
+LINALG = {
+    "cholesky": lambda a: torch.linalg.cholesky(a) * 2,
+    "inv": lambda a: torch.linalg.inv(a) + 1,
+    "solve": lambda a: torch.linalg.solve(a, a[:, :1]),
+    "lu_factor": lambda a: torch.linalg.lu_factor(a)[0].exp(),
+    "ldl_factor": lambda a: torch.linalg.ldl_factor(a.detach())[0] - 1,
+    "tensorinv": lambda a: torch.linalg.tensorinv(a, ind=1),
+    "tensorsolve": lambda a: torch.linalg.tensorsolve(a, a[:, 0]),
+}
+
+
+def _spd(requires_grad=False):
+    torch.manual_seed(0)
+    x = torch.randn(3, 3)
+    return (x @ x.mT + 3 * torch.eye(3)).requires_grad_(requires_grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", list(LINALG))
+def test_linalg_ops_with_error_checks(name, backend):
+    fn = LINALG[name]
+    run(fn, lambda: (_spd(),), backend)
+    a, b = _spd(True), _spd(True)
+    expected, got = fn(a), engine.compile(fn, backend=backend)(b)
+    same(got, expected)
+    if expected.requires_grad:           # ldl_factor has no derivative: its input is detached
+        expected.sum().backward()
+        got.sum().backward()
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linalg_error_on_a_singular_input_is_eagers(backend):
+    with pytest.raises(torch.linalg.LinAlgError):
+        engine.compile(LINALG["cholesky"], backend=backend)(-torch.eye(3))
+
+
+# -- K6, K11: requires_grad of results when in-place ops go through .detach() ---------------------
+
+def _leaf_and_other():
+    torch.manual_seed(0)
+    return torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+
+
+def detached_then_mutated(x, z):
+    w = x * 2
+    y = w.detach()
+    y.mul_(2)               # writes w's memory too; w keeps its grad_fn, y requires no grad
+    return w, y
+
+
+def detached_input_mutated(x, z):
+    y = x.detach()
+    y.mul_(2)
+    return y, x * 1
+
+
+def detached_gains_grad(x, z):
+    y = (x * 2).detach()
+    y.add_(z)               # y now requires grad, through z
+    return y, y.sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [detached_then_mutated, detached_input_mutated, detached_gains_grad])
+def test_requires_grad_through_detach_and_inplace(fn, backend):
+    run(fn, _leaf_and_other, backend)
+
+
+# -- an expanded input (one memory location seen many times) written through an index ---------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expanded_input_written_at_one_index(backend):
+    def f(z):
+        z[-1] = z[0] + 1
+        return z * 1
+
+    run(f, lambda: (torch.tensor([2.0]).expand(6),), backend)
+
+
+# -- a gradient only from outputs the loss does not use is None, as in eager (not zeros) ---------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_reached_only_through_an_unused_output_gets_no_grad(backend):
+    def f(x, y):
+        return x.cos() + 1, (y * 2).sum(), x * y
+
+    def grads(fn):
+        torch.manual_seed(0)
+        x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        fn(x, y)[0].sum().backward()          # only the first output is in the loss
+        return x.grad, y.grad
+
+    (ex, ey), (gx, gy) = grads(f), grads(engine.compile(f, backend=backend))
+    torch.testing.assert_close(gx, ex)
+    assert ey is None and gy is None
+
+
+# -- results that share the input's memory though their op's schema says they do not -----------
+
+@pytest.mark.parametrize("op", [lambda x: torch.unsafe_split(x, 2), lambda x: torch.unsafe_chunk(x, 3, 1)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_unsafe_split_results_are_views_of_the_input_as_in_eager(op, backend):
+    x = torch.randn(5, 6)
+    parts = engine.compile(op, backend=backend)(x)
+    same(parts, op(x.clone()))
+    for p in parts:    # writing through a result writes the input, as eager's views do
+        assert p.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    parts[0].fill_(7.0)
+    assert (op(x)[0] == 7.0).all()
+
+
+# -- two results that are views of one intermediate: writing through one changes the other ----
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_that_view_one_intermediate_stay_views_of_it(backend):
+    """Fuzzer seed 40121: `t3` and `t3[::2]` leave the graph (at a break) as views of `t0`,
+    which is not a result itself; eager code then writes through the second one."""
+    def f(x, y):
+        t0 = y * x + y
+        t2 = t0.mul_(x).amax(0)
+        t3 = F.leaky_relu(t0[1:], 0.2, inplace=True)
+        v = t3[::2]
+        engine.graph_break()
+        v.lerp_(t2, 0.5)
+        return t3.clamp(-0.5, 0.5)
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(6, 7, dtype=torch.float64, generator=g), torch.randn(6, 7, generator=g)
+
+    run(f, inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_result_and_its_transpose_stay_one_tensor_and_compile(backend):
+    """CLIP returns `logits_per_text` and `logits_per_image = logits_per_text.t()`: in eager
+    the second is a view of the first, so writing into one changes the other. The inductor
+    backend ran that graph uncompiled rather than return two buffers; now both are views
+    of one buffer and the graph compiles."""
+    def f(a, b, scale):
+        per_text = torch.matmul(a, b.t()) * scale.exp()
+        return per_text.t(), per_text
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(4, 8, generator=g), torch.randn(5, 8, generator=g), torch.tensor(0.5)
+
+    with logs("perf_hints") as hints:
+        per_image, per_text = run(f, inputs, backend)
+    assert not any("uncompiled" in h for h in hints), hints
+    assert per_image.data_ptr() == per_text.data_ptr()
+    per_text.zero_()
+    assert (per_image == 0).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bf16_batch_norm_updates_its_running_stats_like_eager(backend):
+    """OpInfo `_batch_norm_with_update` in bfloat16: the aten kernel returns the new running
+    stats in bf16 where its meta function says float32, and the inductor backend read that
+    memory as float32 (garbage running stats). An extern result in another dtype than
+    traced is converted."""
+    def f(x, w, b, mean, var):
+        return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.5, 0.6)[0] * 2
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return [torch.randn(*s, generator=g).bfloat16() for s in ((5, 5, 5), (5,), (5,), (5,))] + \
+            [torch.rand(5, generator=g).bfloat16()]
+
+    run(f, inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float32])
+def test_isinf_and_isnan_of_integers_are_false(backend, dtype):
+    """OpInfo sweep, int64 and bool: the inductor backend's isinf compared the integer with
+    infinity cast to an integer, so isinf(0) was True."""
+    def inputs():
+        t = torch.tensor([3, -2, 0, -1, 5, 1])
+        return (t.to(dtype) if dtype is not torch.float32 else torch.tensor([0.0, float("inf"), -float("inf"), -1.0]),)
+
+    run(lambda t: (torch.isinf(t), torch.isnan(t), torch.isinf(t * 2)), inputs, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tensor_and_its_detach_crossing_a_break_keep_the_gradient(backend):
+    """Fuzzer seed 70688: `t0` and `t0.detach()` leave the first graph (at a break) as one
+    buffer; autograd tied that tensor to the detached slot, so t0's gradient was dropped
+    (x.grad 1 instead of 2)."""
+    def f(x, running):
+        t0 = x - running
+        t1 = t0.detach()
+        engine.graph_break()
+        return (t0 * 1.0 + (t1 * 0).relu()).sum() + x.sum()
+
+    def grad_of(fn):
+        leaf = torch.randn(7, requires_grad=True)
+        fn(leaf.clone(), torch.zeros(7)).backward()
+        return leaf.grad
+
+    torch.testing.assert_close(grad_of(engine.compile(f, backend=backend)), grad_of(f))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_that_views_an_intermediate_can_be_modified_in_place(backend):
+    """Fuzzer seed 70335: `lin(v)` on a 1-D v is a view of the matmul in the graph; returned
+    from the compiled autograd.Function as it was, autograd refused the user's in-place
+    update after a break ("Output 0 of CompiledFunction is a view and is being modified
+    inplace"), which eager allows."""
+    lin = torch.nn.Linear(7, 7)
+
+    def f(v, y):
+        t1 = lin(v)
+        t3 = t1.squeeze()
+        engine.graph_break()
+        t1.mul_(2.0)
+        return t3 + y
+
+    def inputs():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(7, generator=g), torch.randn(7, generator=g)
+
+    run(f, inputs, backend)
+
+
+class _DynamicMask(torch.nn.Module):
+    """Doge's dynamic attention mask (transformers): a softplus whose gradient arrives
+    transposed."""
+
+    def __init__(self):
+        super().__init__()
+        self.dt_proj = torch.nn.Linear(8, 4)
+        self.A = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.exp(self.A * F.softplus(self.dt_proj(x))).transpose(-1, -2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["aot_eager_decomp_partition"])
+def test_a_backward_kernel_laying_out_its_result_unlike_its_meta_still_runs(backend):
+    # On CPU softplus_backward keeps the transposed strides of its incoming gradient where its
+    # meta function says contiguous, and the backward's `view` for the linear's gradient
+    # raised "view size is not compatible" (aot_eager; Doge, Qwen3.5 and Qwen3-Next training).
+    torch.manual_seed(0)
+    model, x = _DynamicMask(), torch.randn(2, 16, 8)
+    compiled = engine.compile(copy.deepcopy(model), backend=backend)
+    for m in (model, compiled):
+        m(x).sum().backward()
+    for p, q in zip(model.parameters(), compiled.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_relu_keeps_negative_zero_as_eager_does(backend):
+    # fuzz seed 401427: relu(-0.0) is -0.0 in eager, and atan2(-0.0, -0.0) is -pi; the
+    # generated relu returned +0.0, and atan2 gave 0.
+    def fn(x):
+        t = torch.relu_(x.round())
+        return torch.atan2(t, t), torch.relu(x.round())
+
+    x = torch.tensor([-0.3, 0.2, -1.7, 2.4, float("nan")])
+    for got, want in zip(engine.compile(fn, backend=backend)(x), fn(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_addcmul_of_integers_with_a_float_value_computes_as_eager(backend):
+    # fuzz seed 403580: eager truncates `value` on an integer tensor; torch's reference
+    # decomposition raised instead, and the inductor backend crashed
+    def fn(x, y):
+        y.fill_(2)
+        y.addcmul_(y, y, value=0.5)
+        return x.addcmul(x, x, value=1.5)
+
+    x, want_x = torch.arange(-3, 4), torch.arange(-3, 4)
+    got = engine.compile(fn, backend=backend)(x, x)
+    want = fn(want_x, want_x)
+    assert torch.equal(got, want) and torch.equal(x, want_x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_variance_of_one_element_is_nan_as_in_eager(backend):
+    # fuzz seed 404034: the one element's deviation from its mean is exactly 0 in eager
+    # (0/0: nan); silu recomputed in the other loop differed in the last bit, and gave inf
+    def fn(w):
+        t = F.silu(w)
+        return t.std(), t.var(correction=0), F.gelu(w * 3).var(0, keepdim=True)
+
+    w = torch.tensor([0.7311])
+    for got, want in zip(engine.compile(fn, backend=backend)(w), fn(w)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tensor_made_from_a_list_is_new_on_every_call(backend):
+    # fuzz seed 405199: `torch.tensor([...])` lives across a graph break and is written
+    # after it; the generated code returned the graph's constant itself, so the write
+    # changed it for every later call
+    def fn(z):
+        t = torch.tensor([1.0, -2.0, 3.0])
+        float(z.mean())                  # a graph break
+        before = t.cos() + t
+        t[1:] = z
+        return before.softmax(-1), t
+
+    f = engine.compile(fn, backend=backend)
+    for _ in range(3):
+        z = torch.randn(2)
+        for got, want in zip(f(z), fn(z)):
+            torch.testing.assert_close(got, want)
