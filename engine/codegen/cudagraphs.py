@@ -7,11 +7,14 @@ and friends set up their workspaces outside the capture); the second captures.
 Inputs whose address was the same on both calls (parameters, buffers, the optimizer's
 state) are read in place; the others are copied into static buffers before each replay.
 An in-place input whose address later changes makes a new capture (a few at most, then
-the graph stops using CUDA graphs). Outputs are copied out of the graph's memory after each
-replay (one copy per output buffer; outputs that share memory still do, outputs that alias
-an input stay views of the caller's tensor): a result the caller keeps is never overwritten
-by the next replay, whatever the caller does with it (torch.compile hands out the graph's
-own buffers instead, and raises when an overwritten one is read).
+the graph stops using CUDA graphs). Outputs are views of the graph's own output memory
+(outputs that alias an input stay views of the caller's tensor), and a result the caller
+keeps is never overwritten: before each replay, the output memory's use count says whether
+anything still holds a tensor of the last call's outputs. If so, the graph is captured
+again into fresh memory, and from then on each replay's outputs are copied out of it (one
+copy per output buffer; outputs that share memory still do). A loop that drops its outputs
+(inference, a training step) pays for no copy. torch.compile hands out the graph's buffers
+too, but overwrites them, and raises when an overwritten one is read.
 
 Graphs that cannot be captured run as they are, with the reason logged once on
 `TORCH_LOGS=cudagraphs`: CPU tensors among the inputs, symbolic sizes, no tensor input."""
@@ -65,6 +68,7 @@ class _Capture:
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
         self.spec = None
+        self.copies = False                # hand out copies of the output memory, not views of it
 
 
 class _Out:
@@ -92,6 +96,15 @@ def _addresses(args, positions: list) -> list:
     """The addresses of args at positions (one pass in C: replays of a model's graph check
     hundreds of parameters)."""
     return list(map(_DATA_PTR, map(args.__getitem__, positions)))
+
+
+_USE_COUNT = torch._C._storage_Use_Count
+
+
+def _held(flat: torch.Tensor) -> bool:
+    """Whether anything but `flat` (and the storage object asked) refers to its memory: a
+    tensor handed out by the last replay, or a view of one."""
+    return _USE_COUNT(flat.untyped_storage()._cdata) > 2
 
 
 def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
@@ -130,6 +143,7 @@ class CudaGraphed:
         self.n_captures = 0
         self.disabled: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle()
+        self.copies = False                # outputs were kept across calls: copy them out
 
     def __getattr__(self, item):           # what AOT and the debug tools read off the compiled graph
         return getattr(self.__dict__["compiled"], item)
@@ -162,6 +176,7 @@ class CudaGraphed:
             _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, self.disabled)
             return self.compiled(*args)
         cap = _Capture(inplace)
+        cap.copies = self.copies
         static = list(args)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -183,6 +198,7 @@ class CudaGraphed:
             return self.compiled(*args)
         flat, cap.spec = pytree.tree_flatten(out)
         _plan_outputs(cap, flat, static)
+        del out, flat      # the capture's own output tensors: nothing else holds the memory now
         cap.inplace_order = sorted(cap.ptrs)
         cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
         self.capture = cap
@@ -193,11 +209,17 @@ class CudaGraphed:
         return self._replay(cap, args)
 
     def _replay(self, cap: _Capture, args) -> Any:
+        if not cap.copies and any(map(_held, cap.storages)):
+            # the caller still holds an output of the last replay: this one would write over it
+            self.capture, self.copies = None, True
+            _log(logging.INFO, "cudagraphs: %s: an output of the last replay is still held; capturing again into "
+                 "fresh memory, and copying outputs out of it from now on", self.name)
+            return self._capture(args, cap.inplace)
         if cap.buffers:
             dst = list(cap.buffers.values())
             torch._foreach_copy_(dst, [args[i] for i in cap.buffers])
         cap.graph.replay()
-        storages = [st.clone() for st in cap.storages]
+        storages = [st.clone() for st in cap.storages] if cap.copies else cap.storages
         outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
         return pytree.tree_unflatten(outs, cap.spec)
 
