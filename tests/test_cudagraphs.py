@@ -41,8 +41,27 @@ def test_inference_replays_one_graph_with_eagers_results_and_kept_outputs_stay()
         for x, out in zip(xs, outs):
             torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     captured = [s for s in shown if "captured for input shapes" in s]
-    assert len(captured) == 1, shown
+    # the replay after the capture found the capture's output still held (in `outs`): it
+    # captured again into fresh memory, and copies outputs out of it from then on
+    assert len(captured) == 2 and any("still held" in s for s in shown), shown
     assert "2 copied" not in captured[0] and "1 copied" in captured[0]   # x is copied; the weights are read in place
+
+
+def test_outputs_dropped_before_the_next_call_are_the_graphs_own_memory():
+    model = mlp().eval()
+    with logs("cudagraphs") as shown, torch.no_grad():
+        f = engine.compile(model, mode="reduce-overhead")
+        addresses = []
+        for _ in range(6):
+            x = torch.randn(8, 64, device=DEV)
+            out = f(x)
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+            addresses.append(out.data_ptr())
+            del out
+    # every replay hands out the same memory (no copy), and nothing is captured again
+    assert len(set(addresses[1:])) == 1, addresses
+    assert len([s for s in shown if "captured for input shapes" in s]) == 1, shown
+    assert not any("still held" in s for s in shown), shown
 
 
 def test_a_new_shape_captures_again():
