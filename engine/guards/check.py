@@ -118,12 +118,24 @@ def _distinct_test(exprs: list) -> str:
     return f"len({{{', '.join(f'id({x})' for x in exprs)}}}) == {len(exprs)}"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class CompiledGuards:
     guards: list
     check: Callable[[dict, dict], bool]   # the generated fast path
     code: str                             # its source, for debugging
     namespace: dict
+    native_code: Optional[str] = None     # the fast path with its tensor guards in one C++ call
+    native_specs: Optional[list] = None   # (native.py) the expected tensors, in that call's order
+
+    def use_native(self) -> None:
+        """Switch the fast path to the C++ tensor checker (engine/guards/native.py)."""
+        from . import native
+        specs = native.checker(self.native_specs)
+        if specs is None or self.native_code is None:
+            return
+        ns = dict(self.namespace, ___tensors=specs)
+        exec(compile(self.native_code, "<engine guards>", "exec"), ns)
+        self.check, self.code = ns["___check_guards"], self.native_code
 
     def failures(self, L: dict, G: dict) -> list[str]:
         """Every failing guard as a sentence (the slow path, used for recompile reasons):
@@ -311,25 +323,49 @@ def _step_of(parent_source: str, source: str) -> tuple:
 
 def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] = None) -> CompiledGuards:
     """lookup: a source's value in the frame being compiled (SharedPrefixes)."""
+    from . import native
     ns = _base_namespace()
     shared = SharedPrefixes(lookup)
     conds, bound = [], {}     # bound: source -> the name its TENSOR_MATCH test binds (___t3)
+    tensor_reads = {}         # guard index -> `___t3 = <its source>`: the C++ checker's form
     for i, g in enumerate(guards):
         if g.kind == "NO_TENSOR_ALIASING":   # the tensors the guards before it already read
             conds.append(_distinct_test([bound.get(src) or shared.expression(src) for src in g.expected]))
             continue
-        conds.append(_condition(g, i, ns, shared.expression(g.source) if g.source else None))
+        expr = shared.expression(g.source) if g.source else None
+        conds.append(_condition(g, i, ns, expr))
         if g.kind == "TENSOR_MATCH":
             bound[g.source] = f"___t{i}"
-    body = "\n".join(f"        if not ({c}):\n            return False" for c in conds) or "        pass"
-    code = ("def ___check_guards(L, G):\n"
+            tensor_reads[i] = f"___t{i} = {expr}"
+    compiled = CompiledGuards(list(guards), *_function(conds, ns, {}, None), ns)
+    if tensor_reads:
+        # the same tests in the same order, the tensors only read where they were tested;
+        # all of them tested at the end, in one call (True only if every guard holds, so
+        # the order of the tests does not change the answer)
+        compiled.native_code = _source(conds, tensor_reads,
+                                       f"___tensors(({''.join(f'___t{i}, ' for i in tensor_reads)}))")
+        compiled.native_specs = [native.spec_of(guards[i].expected) for i in tensor_reads]
+        native.when_ready(compiled)
+    return compiled
+
+
+def _source(conds: list, reads: dict, last: Optional[str]) -> str:
+    lines = [f"        {reads[i]}" if i in reads else f"        if not ({c}):\n            return False"
+             for i, c in enumerate(conds)]
+    if last:
+        lines.append(f"        if not {last}:\n            return False")
+    return ("def ___check_guards(L, G):\n"
             "    try:\n"
-            f"{body}\n"
+            f"{chr(10).join(lines) or '        pass'}\n"
             "    except Exception:\n"
             "        return False\n"
             "    return True\n")
+
+
+def _function(conds: list, ns: dict, reads: dict, last: Optional[str]) -> tuple:
+    code = _source(conds, reads, last)
     exec(compile(code, "<engine guards>", "exec"), ns)
-    return CompiledGuards(list(guards), ns["___check_guards"], code, ns)
+    return ns["___check_guards"], code
 
 
 def _eval(expr: str, L: dict, G: dict, ns: dict) -> Any:
