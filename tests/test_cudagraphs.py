@@ -96,6 +96,9 @@ def test_training_steps_with_adamw_match_eager():
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
     roles = " ".join(s for s in shown if "captured for input shapes" in s)
     assert "forward graph" in roles and "backward graph" in roles, shown
+    # the backward's saved tensors settle in the forward graph's memory: read in place, not
+    # copied on every replay, once they have come at one address two replays in a row
+    assert any("backward graph" in s and "now come at one address" in s for s in shown), shown
 
 
 def test_inputs_written_in_place_and_outputs_that_alias_inputs():

@@ -30,6 +30,8 @@ from torch.utils import _pytree as pytree
 import observe
 
 MAX_CAPTURES = 8          # per graph: captures again after in-place inputs moved
+SETTLE_REPLAYS = 8        # replays in which a copied input that settled is taken in place
+SETTLE_STREAK = 2         # replays in a row at one address that make an input settled
 
 
 def _log(level: int, msg: str, *args) -> None:
@@ -69,6 +71,9 @@ class _Capture:
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
         self.spec = None
         self.copies = False                # hand out copies of the output memory, not views of it
+        self.streak: dict = {}             # copied position -> replays in a row it came at one address
+        self.last: dict = {}               # copied position -> its address at the last replay
+        self.settling = SETTLE_REPLAYS     # replays left in which a copied input may still settle
 
 
 class _Out:
@@ -144,6 +149,7 @@ class CudaGraphed:
         self.disabled: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle()
         self.copies = False                # outputs were kept across calls: copy them out
+        self.moving: set = set()           # positions read in place once that moved: copied for good
 
     def __getattr__(self, item):           # what AOT and the debug tools read off the compiled graph
         return getattr(self.__dict__["compiled"], item)
@@ -159,6 +165,7 @@ class CudaGraphed:
                 return self._replay(cap, args)
             moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
             movable = [i for i in moved if i not in self.mutated]
+            self.moving.update(movable)
             self.capture = None
             _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
                  moved, " (they are copied from now on)" if movable else "")
@@ -208,6 +215,16 @@ class CudaGraphed:
              len(cap.buffers))
         return self._replay(cap, args)
 
+    def _settled(self, cap: _Capture, srcs: list) -> set:
+        """The copied inputs that came at one address SETTLE_STREAK replays in a row: a
+        backward's saved tensors, which live in the forward graph's memory once the forward
+        is captured (ordinary memory at this graph's capture), at one address each step."""
+        cap.settling -= 1
+        for i, p in zip(cap.buffers, map(_DATA_PTR, srcs)):
+            cap.streak[i] = cap.streak.get(i, 0) + 1 if cap.last.get(i) == p else 0
+            cap.last[i] = p
+        return {i for i in cap.buffers if cap.streak[i] >= SETTLE_STREAK and i not in self.moving}
+
     def _replay(self, cap: _Capture, args) -> Any:
         if not cap.copies and any(map(_held, cap.storages)):
             # the caller still holds an output of the last replay: this one would write over it
@@ -216,8 +233,14 @@ class CudaGraphed:
                  "fresh memory, and copying outputs out of it from now on", self.name)
             return self._capture(args, cap.inplace)
         if cap.buffers:
-            dst = list(cap.buffers.values())
-            torch._foreach_copy_(dst, [args[i] for i in cap.buffers])
+            srcs = [args[i] for i in cap.buffers]
+            settled = self._settled(cap, srcs) if cap.settling else None
+            if settled:       # read in place from now on (a new capture), not copied every replay
+                self.capture = None
+                _log(logging.INFO, "cudagraphs: %s: copied input(s) %s now come at one address each call; "
+                     "capturing again to read them in place", self.name, sorted(settled))
+                return self._capture(args, cap.inplace | settled)
+            torch._foreach_copy_(list(cap.buffers.values()), srcs)
         cap.graph.replay()
         storages = [st.clone() for st in cap.storages] if cap.copies else cap.storages
         outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
