@@ -482,3 +482,21 @@ def test_a_tensor_made_from_a_list_is_new_on_every_call(backend):
         z = torch.randn(2)
         for got, want in zip(f(z), fn(z)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_out_tensor_of_another_size_is_resized_as_eager_resizes_it(backend):
+    """`torch.maximum(w, x, out=z)` with z of another size: eager resizes z (with a
+    warning). The graph would have copied into z as it was (fuzz 411215: the size of tensor
+    a (6) must match the size of tensor b (8)); the call breaks the graph instead, and says so."""
+    w = torch.randn(8, 5)
+
+    def fn(x, z):
+        torch.maximum(w, x, out=z)
+        return z * 2
+
+    with logs("graph_breaks") as shown, pytest.warns(UserWarning, match="resized"):
+        got = run(fn, lambda: (torch.linspace(-1, 1, 5), torch.zeros(6, 5)), backend)
+    assert got.shape == (8, 5)
+    assert any("out= tensor of another size" in s for s in shown), shown
+    run(fn, lambda: (torch.linspace(-1, 1, 5), torch.zeros(8, 5)), backend)     # the same size: no break

@@ -280,10 +280,25 @@ def call_torch_op(tx, fn, args, kwargs):
         # overlap it as they change (`sub(y, y[0], out=y)` on a view); the graph computes,
         # then copies. torch.compile runs such a call eagerly too (fuzz 404182)
         raise GraphBreak("GB0017", f"{getattr(fn, '__name__', fn)} with an out= tensor that is not contiguous")
+    if isinstance(out, TensorVariable) and _resizes(tx, fn, args, kwargs, out):
+        # eager resizes an out= tensor of another size to the result's (with a warning); the
+        # graph's copy into it would not (fuzz 411215); torch.compile runs it eagerly too
+        raise GraphBreak("GB0017", f"{getattr(fn, '__name__', fn)} with an out= tensor of another size than its result")
     scaled = optimizers.foreach_scaled_by_tensor(tx, fn, args, kwargs)
     if scaled is not None:
         return scaled
     return tx.tensor_call("call_function", fn, args, kwargs)
+
+
+def _resizes(tx, fn, args, kwargs, out) -> bool:
+    """Whether the call, given `out=`, would resize it: the result's size (the call on the
+    fake inputs, without out) is not out's."""
+    try:
+        res = fn(*[to_fake_or_const(tx, a) for a in args],
+                 **{k: to_fake_or_const(tx, v) for k, v in kwargs.items() if k != "out"})
+    except Exception:
+        return False      # the call itself will say what is wrong with it
+    return isinstance(res, torch.Tensor) and res.shape != out.fake.shape
 
 
 def _const_fold_torch(tx, fn, args, kwargs):
