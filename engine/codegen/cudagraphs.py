@@ -166,10 +166,9 @@ class CudaGraphed:
             moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
             movable = [i for i in moved if i not in self.mutated]
             self.moving.update(movable)
-            self.capture = None
             _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
                  moved, " (they are copied from now on)" if movable else "")
-            return self._capture(args, cap.inplace - set(movable))
+            return self._capture(args, self._release(cap) - set(movable))
         ptrs = {i: a.data_ptr() for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
         if self.first_ptrs is None:        # warm-up: libraries set up their workspaces outside the capture
             self.first_ptrs = ptrs
@@ -215,6 +214,15 @@ class CudaGraphed:
              len(cap.buffers))
         return self._replay(cap, args)
 
+    def _release(self, cap: _Capture) -> set:
+        """Give back a capture's memory before the next is made (its graph's private memory
+        and its static input buffers; outputs a caller holds keep theirs): both at once were
+        the peak of a training step's recapture. Returns the positions it read in place."""
+        self.capture = None
+        cap.graph.reset()
+        cap.buffers, cap.storages = {}, []
+        return set(cap.inplace)
+
     def _settled(self, cap: _Capture, srcs: list) -> set:
         """The copied inputs that came at one address SETTLE_STREAK replays in a row: a
         backward's saved tensors, which live in the forward graph's memory once the forward
@@ -228,18 +236,17 @@ class CudaGraphed:
     def _replay(self, cap: _Capture, args) -> Any:
         if not cap.copies and any(map(_held, cap.storages)):
             # the caller still holds an output of the last replay: this one would write over it
-            self.capture, self.copies = None, True
+            self.copies = True
             _log(logging.INFO, "cudagraphs: %s: an output of the last replay is still held; capturing again into "
                  "fresh memory, and copying outputs out of it from now on", self.name)
-            return self._capture(args, cap.inplace)
+            return self._capture(args, self._release(cap))
         if cap.buffers:
             srcs = [args[i] for i in cap.buffers]
             settled = self._settled(cap, srcs) if cap.settling else None
             if settled:       # read in place from now on (a new capture), not copied every replay
-                self.capture = None
                 _log(logging.INFO, "cudagraphs: %s: copied input(s) %s now come at one address each call; "
                      "capturing again to read them in place", self.name, sorted(settled))
-                return self._capture(args, cap.inplace | settled)
+                return self._capture(args, self._release(cap) | settled)
             torch._foreach_copy_(list(cap.buffers.values()), srcs)
         cap.graph.replay()
         storages = [st.clone() for st in cap.storages] if cap.copies else cap.storages
