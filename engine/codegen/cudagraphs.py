@@ -215,11 +215,10 @@ class CudaGraphed:
         return self._replay(cap, args)
 
     def _release(self, cap: _Capture) -> set:
-        """Give back a capture's memory before the next is made (its graph's private memory
-        and its static input buffers; outputs a caller holds keep theirs): both at once were
-        the peak of a training step's recapture. Returns the positions it read in place."""
+        """Drop a capture before the next is made: its static input buffers (a backward's
+        copies of every saved tensor) go back to the allocator before the new capture
+        allocates. Returns the positions it read in place."""
         self.capture = None
-        cap.graph.reset()
         cap.buffers, cap.storages = {}, []
         return set(cap.inplace)
 
