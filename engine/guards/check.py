@@ -337,7 +337,9 @@ def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] =
         if g.kind == "TENSOR_MATCH":
             bound[g.source] = f"___t{i}"
             tensor_reads[i] = f"___t{i} = {expr}"
-    compiled = CompiledGuards(list(guards), *_function(conds, ns, {}, None), ns)
+    code = _source(conds, {}, None)
+    exec(compile(code, "<engine guards>", "exec"), ns)
+    compiled = CompiledGuards(list(guards), ns["___check_guards"], code, ns)
     if tensor_reads:
         # the same tests in the same order, the tensors only read where they were tested;
         # all of them tested at the end, in one call (True only if every guard holds, so
@@ -350,6 +352,8 @@ def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] =
 
 
 def _source(conds: list, reads: dict, last: Optional[str]) -> str:
+    """The fast path's text: each condition in turn, or for a guard in `reads`, only the
+    read it stands for; then `last`."""
     lines = [f"        {reads[i]}" if i in reads else f"        if not ({c}):\n            return False"
              for i, c in enumerate(conds)]
     if last:
@@ -360,12 +364,6 @@ def _source(conds: list, reads: dict, last: Optional[str]) -> str:
             "    except Exception:\n"
             "        return False\n"
             "    return True\n")
-
-
-def _function(conds: list, ns: dict, reads: dict, last: Optional[str]) -> tuple:
-    code = _source(conds, reads, last)
-    exec(compile(code, "<engine guards>", "exec"), ns)
-    return ns["___check_guards"], code
 
 
 def _eval(expr: str, L: dict, G: dict, ns: dict) -> Any:
