@@ -5,6 +5,7 @@ each of my lines become? Forward and backward, in the output code, the
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -178,3 +179,12 @@ def test_the_report_shows_kernels_by_line_and_lines_by_kernel(tmp_path):
     compile_pages = [p.read_text() for p in (out / "compiles").glob("*.html")]
     assert any("kernels.html#c-" in p for p in compile_pages)
     assert 'href="kernels.html"' in (out / "index.html").read_text()
+
+
+def test_kernels_are_named_after_the_users_ops_not_their_decomposition():
+    # a batch norm lowers to unsqueeze, sub, mul, add, ...: the kernel is named batch_norm
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.ReLU()).eval()
+    with logs("output_code") as code, torch.no_grad():
+        engine.compile(model, backend="inductor")(torch.randn(4, 8))
+    names = set(re.findall(r"\bkernel\d+_\w+", "".join(code)))
+    assert names and all("batch_norm_relu" in n for n in names), names

@@ -157,7 +157,8 @@ def lower_and_schedule(gm, example_inputs):
         _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
 
     graph_inputs = {b.name for b in g.inputs if b is not None}
-    sched = schedule(g.nodes, output_buffers(g), graph_inputs, g.write_back)
+    user_ops = {n.name: n.meta["fx_origins"] for n in gm.graph.nodes if n.meta.get("fx_origins")}
+    sched = schedule(g.nodes, output_buffers(g), graph_inputs, g.write_back, user_ops)
     g.mutated_inputs |= {t for n, t in sched.reuse.items() if t in graph_inputs}   # written in place
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")

@@ -252,14 +252,16 @@ def _initial(name: str, buf: ComputedBuffer) -> KernelBuilder:
     return kb
 
 
-def schedule(nodes: list, output_buffers: set, graph_inputs: set, write_back: Optional[dict] = None) -> Schedule:
+def schedule(nodes: list, output_buffers: set, graph_inputs: set, write_back: Optional[dict] = None,
+             user_ops: Optional[dict] = None) -> Schedule:
     """write_back: buffer -> the graph input whose new value it is (stored in that input's
-    memory where no later read needs the old value)."""
+    memory where no later read needs the old value). user_ops: aten node name -> the user's
+    ops it came from (the captured graph's node names), which kernels are named after."""
     with observe.stage("scheduling"):
-        return _schedule(nodes, output_buffers, graph_inputs, write_back or {})
+        return _schedule(nodes, output_buffers, graph_inputs, write_back or {}, user_ops or {})
 
 
-def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
+def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops) -> Schedule:
     steps: list = []           # KernelBuilder | ExternKernel
     producer_step: dict = {}   # buffer -> step index
     decisions: list[str] = []
@@ -344,7 +346,7 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back) -> Schedule:
             steps.append(kb)
             producer_step[node.name] = len(steps) - 1
 
-    return _plan(steps, output_buffers, graph_inputs, decisions, write_back)
+    return _plan(steps, output_buffers, graph_inputs, decisions, write_back, user_ops)
 
 
 def _serializes(outer: tuple, new_outer: tuple) -> bool:
@@ -382,17 +384,28 @@ def _join_scalars(steps, node, earliest: int, step_writes, producer_step) -> boo
     return False
 
 
-def kernel_name(base: str, members: list) -> str:
-    """kernel3_mul_sin_add: the kernel's number, then the ops it fuses in order (their fx
-    nodes' names without the numbering suffix), as profiler traces and output code show it."""
+# views and reshapes: a kernel reads through them, but they are not what it computes
+_LAYOUT_OPS = frozenset({"view", "reshape", "transpose", "permute", "split", "chunk", "contiguous", "expand",
+                         "unsqueeze", "squeeze", "flatten", "unflatten", "size", "t", "view_as", "narrow", "select",
+                         "slice", "detach", "clone", "alias", "tensor", "to", "type_as", "float"})
+
+
+def kernel_name(base: str, members: list, user_ops: Optional[dict] = None) -> str:
+    """kernel3_batch_norm_relu: the kernel's number, then the ops it fuses in order, as
+    profiler traces and output code show it: the user's ops where the aten graph says which
+    they were (`batch_norm`, not the `unsqueeze_mul_add` it decomposes into), else the aten
+    nodes' names, each without its numbering suffix."""
     ops: list = []
     for m in members:
-        for origin in m.buf.origins[-8:]:
-            op = re.sub(r"_\d+$", "", origin)
-            op = re.sub(r"(_default|_tensor|_scalar|_self|_dim|_int)$", "", op)
-            op = re.sub(r"\W", "_", op)
-            if op and op not in ops and op != "output":
-                ops.append(op)
+        for origin in m.buf.origins if user_ops else m.buf.origins[-8:]:
+            for name in (user_ops or {}).get(origin) or (origin,):
+                op = re.sub(r"_\d+$", "", name)
+                op = re.sub(r"(_default|_tensor|_scalar|_self|_dim|_int)$", "", op)
+                op = re.sub(r"\W", "_", op)
+                if op and op not in ops and op not in ("output", "getitem"):
+                    ops.append(op)
+    computed = [op for op in ops if op not in _LAYOUT_OPS]    # the ops that compute, where any do
+    ops = computed or ops
     if not ops:
         return base
     suffix = "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else "")
@@ -420,7 +433,7 @@ def _phases(kb: KernelBuilder) -> list[Phase]:
     return phases
 
 
-def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedule:
+def _plan(steps, output_buffers, graph_inputs, decisions, write_back, user_ops) -> Schedule:
     # who reads what, per step
     readers: dict = {}
     written_at: dict = {}
@@ -439,7 +452,7 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back) -> Schedul
         if isinstance(s, ExternKernel):
             final.append(s)
             continue
-        fk = FusedKernel(kernel_name(s.name, s.members), s.outer, s.outer_vars, s.members, _phases(s))
+        fk = FusedKernel(kernel_name(s.name, s.members, user_ops), s.outer, s.outer_vars, s.members, _phases(s))
         phase_of = {m.name: p for p, ph in enumerate(fk.phases) for m in ph.members}
         mine = set(phase_of)
         for m in fk.members:
