@@ -292,7 +292,11 @@ def call_torch_op(tx, fn, args, kwargs):
 
 def _resizes(tx, fn, args, kwargs, out) -> bool:
     """Whether the call, given `out=`, would resize it: the result's size (the call on the
-    fake inputs, without out) is not out's."""
+    fake inputs, without out) is not out's. Not asked where a size depends on the data (a
+    mask's count): comparing it would add a runtime assertion to the graph (fuzz 313332)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, TensorVariable)]
+    if any(scalars.is_unbacked(tuple(t.fake.shape)) for t in tensors):
+        return False
     try:
         res = fn(*[to_fake_or_const(tx, a) for a in args],
                  **{k: to_fake_or_const(tx, v) for k, v in kwargs.items() if k != "out"})
