@@ -500,3 +500,18 @@ def test_an_out_tensor_of_another_size_is_resized_as_eager_resizes_it(backend):
     assert got.shape == (8, 5)
     assert any("out= tensor of another size" in s for s in shown), shown
     run(fn, lambda: (torch.linspace(-1, 1, 5), torch.zeros(8, 5)), backend)     # the same size: no break
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_random_op_with_out_draws_eagers_numbers_on_the_compiling_call(backend):
+    """Asking whether `randn(3, out=z)` resizes z must not run randn: the compiling call
+    drew three numbers more than eager did, and every random number after was shifted."""
+    def fn(z):
+        torch.randn(3, out=z)
+        return z * 2, torch.rand(2)
+
+    torch.manual_seed(0)
+    expected = fn(torch.empty(3))
+    torch.manual_seed(0)
+    got = engine.compile(fn, backend=backend)(torch.empty(3))
+    same(got, expected)

@@ -298,8 +298,9 @@ def _resizes(tx, fn, args, kwargs, out) -> bool:
     if any(scalars.is_unbacked(tuple(t.fake.shape)) for t in tensors):
         return False
     try:
-        res = fn(*[to_fake_or_const(tx, a) for a in args],
-                 **{k: to_fake_or_const(tx, v) for k, v in kwargs.items() if k != "out"})
+        with tx.out.fake_mode:    # fake tensors only: a factory (`randn(3, out=z)`) runs nothing
+            res = fn(*[to_fake_or_const(tx, a) for a in args],
+                     **{k: to_fake_or_const(tx, v) for k, v in kwargs.items() if k != "out"})
     except Exception:
         return False      # the call itself will say what is wrong with it
     return isinstance(res, torch.Tensor) and res.shape != out.fake.shape
