@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import engine
 import observe
 from codegen_helpers import check, compile_graph
 
@@ -338,3 +339,16 @@ def test_max_pool_is_one_kernel_with_eagers_values_and_indices(pool):
 def test_max_pool_of_bfloat16_is_exact():
     x = torch.randn(2, 4, 11, 11).to(torch.bfloat16)
     check(lambda x: F.max_pool2d(x, 3, 2, 1), x, rtol=0, atol=0)
+
+
+def test_slice_bounds_past_the_ends_are_clamped_as_python_clamps_them():
+    """Gemma2's sliding-window mask `mask[..., -4096:]` of 16 columns starts at column 0;
+    its gradient is a slice_scatter with start=-4095, which the lowering read as -4079 (loads
+    far before the source: nan and 1e35 in every k and v gradient)."""
+    base, src = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    check(lambda b, s: [torch.slice_scatter(b, s, 2, -4095), torch.slice_scatter(b, s, 2, -4095, 2 ** 63 - 1),
+                        torch.slice_scatter(b, s[..., :4], 2, -4), torch.slice_scatter(b, s[..., :0], 2, 20, 30),
+                        torch.slice_scatter(b, s[..., :16], 2, -100, 100)], base, src)
+    x = torch.randn(2, 16, requires_grad=True)
+    grad = torch.autograd.grad(engine.compile(lambda x: (x[:, -4096:] * 2).sum(), backend="inductor")(x), x)[0]
+    assert torch.equal(grad, torch.full_like(x, 2.0))

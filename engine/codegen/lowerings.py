@@ -846,11 +846,12 @@ def slice_scatter(g, base, src, dim=0, start=None, end=None, step=1):
     end = n if end is None else end
     if not (isinstance(start, int) and n.is_Integer):
         return NotImplemented
-    if start < 0:
-        start += int(n)
-    end = min(int(end), int(n)) if not isinstance(end, sympy.Expr) or end.is_Integer else end
-    if isinstance(end, int) and end < 0:
-        end += int(n)
+    # Python's slice bounds, as aten reads them: negative ones count from the end, and both
+    # are clamped into [0, n] (Gemma2's `mask[..., -4096:]` of 16 columns starts at 0, not -4080)
+    start = min(max(start + int(n) if start < 0 else start, 0), int(n))
+    if not isinstance(end, sympy.Expr) or end.is_Integer:
+        end = int(end)
+        end = min(max(end + int(n) if end < 0 else end, start), int(n))
 
     def fn(idx):
         i = idx[dim]
