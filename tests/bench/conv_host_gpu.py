@@ -1,7 +1,8 @@
 """Host microseconds a call of a cuDNN convolution (ResNet-50's 3x3 layer3 conv, bf16,
-channels-last input) by the ways a compiled wrapper can call it: the OpOverload
-`aten.convolution.default`, `torch.convolution`, `torch.ops.aten.convolution` packet, with
-an NCHW weight (cuDNN copies it to channels-last every call) and a channels-last one."""
+channels-last input) by the two ways a compiled wrapper can call it, the OpOverload
+`aten.convolution.default` and the binding `torch.convolution`, with an NCHW weight (aten
+copies it to channels-last on every call) and a channels-last one; a 1x1 conv; and an
+allocation and a view for scale. GPU only: `python tests/bench/conv_host_gpu.py`."""
 import time
 
 import torch
