@@ -70,7 +70,6 @@ class _Capture:
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
         self.spec = None
-        self.copies = False                # hand out copies of the output memory, not views of it
         self.streak: dict = {}             # copied position -> replays in a row it came at one address
         self.last: dict = {}               # copied position -> its address at the last replay
         self.settling = SETTLE_REPLAYS     # replays left in which a copied input may still settle
@@ -182,7 +181,6 @@ class CudaGraphed:
             _log(logging.WARNING, "cudagraphs: %s runs without CUDA graphs from now on: %s", self.name, self.disabled)
             return self.compiled(*args)
         cap = _Capture(inplace)
-        cap.copies = self.copies
         static = list(args)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -233,7 +231,7 @@ class CudaGraphed:
         return {i for i in cap.buffers if cap.streak[i] >= SETTLE_STREAK and i not in self.moving}
 
     def _replay(self, cap: _Capture, args) -> Any:
-        if not cap.copies and any(map(_held, cap.storages)):
+        if not self.copies and any(map(_held, cap.storages)):
             # the caller still holds an output of the last replay: this one would write over it
             self.copies = True
             _log(logging.INFO, "cudagraphs: %s: an output of the last replay is still held; capturing again into "
@@ -248,7 +246,7 @@ class CudaGraphed:
                 return self._capture(args, self._release(cap) | settled)
             torch._foreach_copy_(list(cap.buffers.values()), srcs)
         cap.graph.replay()
-        storages = [st.clone() for st in cap.storages] if cap.copies else cap.storages
+        storages = [st.clone() for st in cap.storages] if self.copies else cap.storages
         outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
         return pytree.tree_unflatten(outs, cap.spec)
 
