@@ -515,3 +515,48 @@ def test_a_random_op_with_out_draws_eagers_numbers_on_the_compiling_call(backend
     torch.manual_seed(0)
     got = engine.compile(fn, backend=backend)(torch.empty(3))
     same(got, expected)
+
+
+# -- views, grad mode and in-place writes across the compiled boundary ----------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_written_under_no_grad_then_sliced_with_grad_on_compiles(backend):
+    """`t = y[:3]`, written under `no_grad`, then sliced with grad on and returned (fuzz
+    411326). The output needs no gradient of the graph, so the AOT stage traced it as an
+    inference graph, all of it under no_grad: the slice taken after the block met autograd's
+    check on views made in no_grad mode, and compiling failed."""
+    def fn(y):
+        t = y[:3]
+        with torch.no_grad():
+            t.mul_(1.5)
+        return t[::2]
+
+    def make():
+        torch.manual_seed(0)
+        return (torch.randn(4, requires_grad=True),)
+
+    got = run(fn, make, backend)
+    got.sum().backward()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_written_in_place_keeps_its_old_value_for_the_backward(backend):
+    """`x[0].mul_(z)` with z requiring grad (fuzz 313377): z's gradient is the old `x[0]`.
+    The forward saved a view of x for the backward, and the call then wrote the new value
+    into x, so the backward refused the view (made under the forward's no_grad, then
+    written). A saved view of an input the call writes is now saved as a copy."""
+    def fn(x, z):
+        return x[0].mul_(z)
+
+    def make():
+        torch.manual_seed(0)
+        return torch.randn(4, 3), torch.randn((), requires_grad=True)
+
+    eager_args, compiled_args = make(), make()
+    expected = fn(*eager_args)
+    got = engine.compile(fn, backend=backend)(*compiled_args)
+    same(got, expected)
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(compiled_args[1].grad, eager_args[1].grad)
+    torch.testing.assert_close(compiled_args[0], eager_args[0])

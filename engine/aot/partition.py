@@ -108,8 +108,9 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
     # forward, where their sizes are known; nothing consumes them, so nothing else keeps them
     forward = extract(joint, parts.primals, parts.forward_outputs + saved, "forward",
                       keep=runtime_checks(parts.graph, parts.tangent_dependent))
-    if any(n in mutated_primals for n in saved):
-        _clone_saved_inputs(forward, len(parts.forward_outputs), [n in mutated_primals for n in saved])
+    of_mutated = [view_base(n) in mutated_primals for n in saved]
+    if any(of_mutated):
+        _clone_saved_inputs(forward, len(parts.forward_outputs), of_mutated)
     backward = extract(joint, saved + parts.tangents, parts.grad_outputs, "backward")
     fw_set = ancestors(parts.forward_outputs + saved, stop=set(parts.primals))
     recomputed = [n.name for n in parts.graph.nodes
@@ -117,9 +118,22 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
     return Split(forward, backward, saved, recomputed)
 
 
+def view_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose memory `node` is a view of (itself when it is no view): aten view ops
+    return an alias of their first argument (`Tensor(a)` in the schema, not written)."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        returns = node.target._schema.returns
+        alias = returns[0].alias_info if len(returns) == 1 else None
+        if alias is None or alias.is_write or not node.args:
+            break
+        node = node.args[0]
+    return node
+
+
 def _clone_saved_inputs(forward: torch.fx.GraphModule, num_outputs: int, which: list[bool]) -> None:
-    """A saved input that the epilogue then mutates in place must be saved as a copy of its
-    value before the call: the backward needs the old value (and autograd checks versions)."""
+    """A saved input, or a view of one, that the epilogue then mutates in place must be saved
+    as a copy of its value before the call: the backward needs the old value (and autograd
+    refuses a view that was made under the forward's no_grad and then written)."""
     out = next(n for n in forward.graph.nodes if n.op == "output")
     values = list(out.args[0])
     with forward.graph.inserting_before(out):

@@ -90,7 +90,11 @@ class Tracer:
                     outs = self.forward_outputs(f_args)
             return [from_fun(o) for o in outs]
 
-        return self.make_fx(inference, list(fakes))
+        # The inputs as they are without autograd: a graph that turns grad mode back on
+        # (`with no_grad():` in the user's code) would otherwise meet autograd's checks on
+        # views made under the trace's own no_grad.
+        return self.make_fx(inference, [a.detach() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                                        for a in fakes])
 
     def trace_joint(self, fakes: list) -> tuple[torch.fx.GraphModule, JointLayout]:
         meta = self.meta

@@ -18,7 +18,10 @@ Each mode trains a fresh model from the same initial weights on the same batches
 - the overlap the bucket split gained: the step time with optimize_ddp off minus on;
 - first step s (compile included), graphs each compiler captured, and the pieces the
   engine's bucket split cut them into (one a bucket), peak memory;
-- loss diff: the largest difference from eager DDP's loss over the measured steps.
+- loss diff: the largest difference from eager DDP's loss over the measured steps;
+- with --profile, rank 0's GPU timeline of two more steps: the ms a step of compute
+  kernels, of NCCL kernels, of NCCL running beside compute (overlap), of NCCL alone, and of
+  the GPU idle; each mode's timeline is written to $OUT as a gzipped Chrome trace.
 
 With $OUT set (or --json PATH) the results are written as JSON too. NCCL's NVLink
 multicast stays off (the device machines require it)."""
@@ -29,6 +32,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import socket
 import statistics
 import sys
@@ -184,6 +188,8 @@ def run_mode(mode, args, device, rank, data, reference_losses):
                 opt.zero_grad(set_to_none=True)
                 sync(device)
                 nosync.append(time.perf_counter() - t0)
+        timeline = gpu_timeline(lambda i: step(ddp, opt, data[i], device, autocast), mode, args, rank) \
+            if args.profile and device.type == "cuda" else None
         comm = allreduce_ms(ddp, device, max(3, args.steps // 2))
         losses = [float(x) for x in losses]
         # every rank's timing: a step is as slow as its slowest rank
@@ -203,12 +209,79 @@ def run_mode(mode, args, device, rank, data, reference_losses):
             "losses": losses,
             "loss_diff": (max(abs(a - b) for a, b in zip(losses, reference_losses)) if reference_losses else 0.0),
             "tokens_per_s": WORLD * args.batch * args.seq / (step_ms / 1e3),
+            "timeline": timeline,
         }
     except Exception as exc:
         traceback.print_exc()
         return {"mode": mode, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         observe.unsubscribe(counter)
+
+
+def _union(spans):
+    """Merged [start, end) intervals, sorted."""
+    out = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _length(spans) -> float:
+    return sum(b - a for a, b in spans)
+
+
+def _intersection(xs, ys) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, b - a)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def gpu_timeline(run_step, mode, args, rank, steps=2):
+    """Two steps under torch.profiler: how long a step's compute and NCCL kernels ran, and
+    how much of the NCCL time ran beside compute. Every rank profiles (a collective needs
+    both); rank 0 reports and writes its Chrome trace."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    device = torch.device("cuda", rank)
+    sync(device)
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            run_step(args.warmup + i)
+        sync(device)
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    if rank != 0:
+        return None
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    nccl = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" in e.name.lower()])
+    compute = _union([(e.time_range.start, e.time_range.end) for e in kernels if "nccl" not in e.name.lower()])
+    span = (max(b for _, b in nccl + compute) - min(a for a, _ in nccl + compute)) if kernels else 0.0
+    overlap = _intersection(nccl, compute)
+    out = os.environ.get("OUT")
+    if out:
+        import gzip
+        tmp = os.path.join(out, f"_trace_{rank}.json")
+        prof.export_chrome_trace(tmp)
+        name = "ddp_trace_" + re.sub(r"[^a-z0-9]+", "_", mode.lower()).strip("_") + ".json.gz"
+        with open(tmp, "rb") as f, gzip.open(os.path.join(out, name), "wb") as g:
+            g.write(f.read())
+        os.remove(tmp)
+    per = 1e3 * steps   # profiler times are in us, over `steps` steps
+    return {"wall_ms": wall_ms, "compute_ms": _length(compute) / per, "nccl_ms": _length(nccl) / per,
+            "overlap_ms": overlap / per, "nccl_alone_ms": (_length(nccl) - overlap) / per,
+            "idle_ms": (span - _length(_union(nccl + compute))) / per,
+            "kernels": len(kernels) / steps}
 
 
 def _torch_graph_count():
@@ -293,6 +366,15 @@ def report(results, args, device):
     if ours and theirs and ours["ok"] and theirs["ok"]:
         print(f"engine vs torch.compile (both split): {theirs['step_ms'] / ours['step_ms']:.3f}x "
               f"({ours['step_ms']:.2f} vs {theirs['step_ms']:.2f} ms a step)")
+    if any(r.get("timeline") for r in results):
+        print()
+        print(f"GPU timeline of rank 0, ms a step: {'mode':34} {'wall':>7} {'compute':>8} {'nccl':>6} "
+              f"{'overlap':>8} {'nccl alone':>10} {'idle':>6} {'kernels':>8}")
+        for r in results:
+            t = r.get("timeline")
+            if t:
+                print(f"{'':34}{r['mode']:34} {t['wall_ms']:7.2f} {t['compute_ms']:8.2f} {t['nccl_ms']:6.2f} "
+                      f"{t['overlap_ms']:8.2f} {t['nccl_alone_ms']:10.2f} {t['idle_ms']:6.2f} {t['kernels']:8.0f}")
     path = args.json or (os.path.join(os.environ["OUT"], "ddp_gpu.json") if os.environ.get("OUT") else None)
     if path:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -331,6 +413,8 @@ def main(argv=None):
     ap.add_argument("--torch-backend", default="inductor")
     ap.add_argument("--timeout", type=int, default=900, help="seconds a rank waits in a collective")
     ap.add_argument("--json", default=None, help="write results here (default: $OUT/ddp_gpu.json if $OUT is set)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also rank 0's GPU timeline of two steps per mode: compute, NCCL, their overlap, idle")
     args = ap.parse_args(argv)
     args.batch = args.batch or (2 if args.tiny else 8)
     args.seq = args.seq or (32 if args.tiny else 1024)
