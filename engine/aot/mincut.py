@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from ..exact_values import compared_with_its_extreme
-from .partition import JointParts, must_recompute, tensor_bytes
+from .partition import JointParts, is_view_op, must_recompute, tensor_bytes
 
 INF = 1 << 62
 
@@ -32,13 +32,6 @@ _CHEAP_PACKETS = {
     "empty_like", "fill", "_unsafe_view", "view", "reshape",
     "scatter",   # one element a row into a tensor: a loss's one-hot target, [tokens, vocabulary]
 }
-
-
-def is_view_op(target) -> bool:
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return False
-    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
 def recomputable(node: torch.fx.Node) -> bool:

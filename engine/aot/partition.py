@@ -118,14 +118,17 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
     return Split(forward, backward, saved, recomputed)
 
 
+def is_view_op(target) -> bool:
+    """An aten op whose result aliases its argument (`Tensor(a)` in the schema, not written)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
 def view_base(node: torch.fx.Node) -> torch.fx.Node:
-    """The node whose memory `node` is a view of (itself when it is no view): aten view ops
-    return an alias of their first argument (`Tensor(a)` in the schema, not written)."""
-    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-        returns = node.target._schema.returns
-        alias = returns[0].alias_info if len(returns) == 1 else None
-        if alias is None or alias.is_write or not node.args:
-            break
+    """The node whose memory `node` is a view of (itself when it is no view)."""
+    while node.op == "call_function" and is_view_op(node.target) and node.args:
         node = node.args[0]
     return node
 
