@@ -122,6 +122,26 @@ def test_dead_buffers_memory_is_reused_or_updated_in_place():
     assert "reuses the memory of" in sched or "computed in place" in sched, sched
 
 
+def test_a_multi_output_call_is_dropped_once_unpacked_and_unread_outputs_are_not_kept():
+    """An attention call returns (output, logsumexp, ...). Holding the tuple kept every
+    layer's attention output alive to the end of the call (110 MiB of a ViT-B's peak), and
+    an output nothing reads was bound to a name nothing freed."""
+    q = torch.randn(2, 4, 16, 16)
+
+    def f(q, w):
+        o = F.scaled_dot_product_attention(q, q, q)
+        return o.transpose(1, 2).reshape(2, 16, 64) @ w
+
+    with Capture() as cap:
+        check(f, q, torch.randn(64, 8), rtol=1e-4, atol=1e-5)
+    [code] = cap.texts(name="inductor_output_code")
+    lines = [ln.strip() for ln in code.splitlines()]
+    call = next(i for i, ln in enumerate(lines) if "_scaled_dot_product" in ln and " = " in ln)
+    name = lines[call].split(" = ")[0]
+    assert lines[call + 1].startswith(f"{name}_0 = ") and lines[call + 2] == f"del {name}", lines[call:call + 3]
+    assert not any(ln.startswith(f"{name}_1 = ") for ln in lines), code
+
+
 def test_output_code_is_a_runnable_module_and_stages_are_timed():
     with Capture() as cap:
         c = compile_graph(lambda x: (x * 2).sum(1), X)
@@ -215,6 +235,27 @@ def test_a_full_reduction_never_serializes_a_large_sibling_kernel():
     kernels = [ln for ln in "\n".join(cap.texts(log="schedule")).splitlines() if ": outer " in ln]
     assert any(": outer [64, 128, 64]" in k and "sum" not in k.split(":")[0] for k in kernels), kernels
     assert any(": outer []" in k and "sum" in k.split(":")[0] for k in kernels), kernels
+
+
+def test_a_large_sibling_never_becomes_a_phase_of_a_full_reduction():
+    """The other order: a Llama loss's count of labels (a sum to one value, no outer loop)
+    comes first, and the embedding gather of the same token ids, 4 million elements, tried
+    to join it as a loop of its own: one program walked it all (a 1.4 ms kernel on an H200).
+    It keeps its own kernel, with an outer loop."""
+    ids = torch.randint(0, 100, (64, 128))
+    w = torch.randn(100, 64)
+
+    def f(ids, w):
+        count = (ids != 3).sum()
+        e = F.embedding(ids, w)
+        return count, e.tanh()
+
+    with Capture(logs=["schedule"]) as cap:
+        check(f, ids, w, rtol=1e-4, atol=1e-5)
+    kernels = [ln for ln in "\n".join(cap.texts(log="schedule")).splitlines() if ": outer " in ln]
+    [alone] = [k for k in kernels if ": outer []" in k]
+    assert "embedding" not in alone.split(":")[0] and "tanh" not in alone.split(":")[0], kernels
+    assert any(": outer [64, 128, 64]" in k for k in kernels), kernels
 
 
 def test_a_loss_gradient_written_into_padded_rows_fuses_with_the_row_sums_it_reads():

@@ -222,6 +222,11 @@ class KernelBuilder:
         inners = [i for i in self.inners() if i != ()]
         if not inners or len(sizes) <= n or tuple(sizes[:n]) != self.outer or tuple(sizes[n:]) in inners:
             return []
+        if _serializes(sizes, self.outer):
+            # a kernel of no rows (a loss's mean over the tokens) is one program: the whole
+            # node would be its sequential phase (a Llama step's embedding gather, 4M
+            # elements beside the loss, made a 1.4 ms kernel of one program)
+            return []
         return [tuple(sizes[n:])]
 
     def resplit(self, outer: tuple) -> Optional["KernelBuilder"]:
