@@ -38,7 +38,8 @@ FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that i
          # crashes of ours alone: a view made under the trace's no_grad, then written
          (411326, "inductor"),    # a view written under no_grad, sliced with grad on: an inference trace
          (313377, "aot_eager"),   # x[0].mul_(z): the forward saved a view of x, which the call then wrote
-         (312158, "aot_eager")]
+         (312158, "aot_eager"),
+         (313345, "aot_eager")]   # select, then transpose_ of its base: the view's gradient misplaced
 
 
 @pytest.mark.parametrize("seed,backend", FIXED)

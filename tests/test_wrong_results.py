@@ -560,3 +560,26 @@ def test_an_input_written_in_place_keeps_its_old_value_for_the_backward(backend)
     got.sum().backward()
     torch.testing.assert_close(compiled_args[1].grad, eager_args[1].grad)
     torch.testing.assert_close(compiled_args[0], eager_args[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_transpose_in_place_after_a_view_keeps_the_views_gradient(backend):
+    """`t1 = t0.select(1, -1)`, then `t0.transpose_(0, 1)` (fuzz 313345). Functionalization
+    replays t1 on t0's new strides, so its gradient went to row -1 instead of column -1
+    (torch.compile too). The in-place transpose of a tensor with views breaks the graph."""
+    def fn(y):
+        t0 = y * 2
+        t1 = t0.select(1, -1)
+        t0.transpose_(0, 1)
+        return t1, t0
+
+    ys = [torch.arange(16.).reshape(4, 4).requires_grad_() for _ in range(2)]
+    with logs("graph_breaks") as shown:
+        got = engine.compile(fn, backend=backend)(ys[1])
+    expected = fn(ys[0])
+    same(got, expected)
+    weights = torch.tensor([1., 10., 100., 1000.])
+    (expected[0] * weights).sum().backward()
+    (got[0] * weights).sum().backward()
+    torch.testing.assert_close(ys[1].grad, ys[0].grad)
+    assert any("transpose_() on a tensor that requires grad and has views" in s for s in shown), shown

@@ -1738,12 +1738,26 @@ class Frame:
             return ConstantVariable(None)
         if name == "__getitem__":
             return self.getitem(t, args[0])
+        if name in _METADATA_IN_PLACE and t.fake.requires_grad and self._has_other_views(t.fake):
+            # functionalization replays the earlier views on the new sizes and strides, so their
+            # gradients go to the wrong elements (fuzz 313345: `t1 = t0.select(1, -1)`, then
+            # `t0.transpose_(0, 1)`; torch.compile gets it wrong too); eager keeps them apart
+            raise GraphBreak("GB0017", f"Tensor.{name}() on a tensor that requires grad and has views")
         if not convertible(args, kwargs):
             raise GraphBreak("GB0011", f"Tensor.{name} with unsupported arguments")
         scaled = optimizers.scaled_by_tensor(self, name, [t] + list(args), kwargs)
         if scaled is not None:
             return scaled
         return self.tensor_call("call_method", name, [t] + list(args), kwargs)
+
+    def _has_other_views(self, fake: torch.Tensor) -> bool:
+        """Whether a tensor made in this graph other than `fake` shares its memory."""
+        storage = fake.untyped_storage()._cdata
+        for node in self.out.graph.nodes:
+            v = node.meta.get("example_value")
+            if isinstance(v, torch.Tensor) and v is not fake and v.untyped_storage()._cdata == storage:
+                return True
+        return False
 
     # ------------------------------------------------------------------ calls
 
@@ -1844,6 +1858,10 @@ class Frame:
         return inline_code(self, fn.code, fn.f_globals, fn.globals_source, fn.defaults, fn.kwdefaults,
                            fn.closure, args, kwargs, fn.qualname)
 
+
+# in-place ops that change a tensor's sizes or strides, not its data
+_METADATA_IN_PLACE = frozenset({"transpose_", "t_", "squeeze_", "unsqueeze_", "swapdims_", "swapaxes_",
+                                "as_strided_"})
 
 _MODULE_ITERATORS = {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
                      "modules", "named_modules"}
