@@ -272,7 +272,8 @@ def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
         engine.reset()
         with logs("output_code") as code:
             k = check(logits, x, tol=2e-2)
-        assert any("constant_pad_nd" in c and "50264" in c and ".out(" not in c for c in code), code
+        # padded to 50264 by a generated kernel, not by an aten call
+        assert any("50264" in c and "constant_pad_nd" not in c and ".out(" not in c for c in code), code
         engine.reset()
         raw = engine.compile(lambda x: head(x))(x)     # the padded product itself, returned
         assert raw.stride() == (64 * 50264, 50264, 1)   # with its gaps, as torch.compile returns it
@@ -382,7 +383,8 @@ def test_a_conv_net_runs_channels_last_with_eager_results():
             torch.cuda.synchronize()
         names = [e.key for e in prof.key_averages()]
         assert not [n for n in names if "nchwToNhwc" in n or "nhwcToNchw" in n], names
-        assert not [n for n in names if "max_pool" in n], names    # the stem's pool is in a generated kernel
+        # the stem's pool is in a generated kernel (named after it), not aten's
+        assert not [n for n in names if "max_pool" in n and not n.startswith(("kernel", "combo"))], names
         # 3x3 filters are copied channels-last by a generated kernel, not inside cuDNN's call
         assert not [n for n in names if "elementwise_kernel" in n], names
 
