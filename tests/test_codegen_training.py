@@ -176,3 +176,45 @@ def test_amax_gradient_compares_the_stored_maximum(shape):
         fn(xe).sum().backward()
         torch.testing.assert_close(x.grad, xe.grad)
         assert torch.equal(engine.compile(count_maxima, backend="inductor")(x.detach()), count_maxima(x.detach()))
+
+
+def test_the_backward_frees_each_saved_activation_after_its_last_use():
+    """The backward's wrapper takes the saved activations as the caller's last references
+    (autograd's copies dropped first, the argument list consumed) and deletes each after
+    the step that reads it last: before, all of them lived until the backward returned,
+    beside every gradient (a Llama-1B step's peak). A retained graph keeps them for the
+    next backward."""
+    import observe
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    x = torch.randn(6, 8)
+    codes = []
+
+    def on(e):
+        if e.name == "inductor_output_code":
+            codes.append(e.payload())
+
+    observe.subscribe(on)
+    try:
+        engine.reset()
+        f = engine.compile(m, backend="inductor")
+        out = f(x)
+        loss = (out ** 2).mean()
+        loss.backward(retain_graph=True)
+        first_grads = [p.grad.clone() for p in m.parameters()]
+        loss.backward()                 # the saved activations are still there for a second backward
+    finally:
+        observe.unsubscribe(on)
+    backward = [c for c in codes if "args.clear()" in c][-1]
+    lines = [ln.strip() for ln in backward.split("def call(args):")[1].splitlines() if ln.strip()]
+    freed = [i for i, ln in enumerate(lines) if ln.startswith("del arg")]
+    work = [i for i, ln in enumerate(lines) if "kernel" in ln or "torch." in ln]
+    assert freed and freed[0] < work[-1], lines      # an activation freed before the last step
+    m.zero_grad()
+    ref = (m(x) ** 2).mean()
+    ref.backward(retain_graph=True)
+    for g, p in zip(first_grads, m.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+    ref.backward()
+    for g, p in zip(first_grads, m.parameters()):
+        torch.testing.assert_close(2 * g, p.grad, rtol=1e-4, atol=1e-5)

@@ -147,8 +147,8 @@ class TrainingEntry:
 
         def _backward(ctx, grads):
             tensors = iter(ctx.saved_tensors)
-            saved = [next(tensors) if o is None else o for o in ctx.saved_other]
-            tangents = []
+            args = [next(tensors) if o is None else o for o in ctx.saved_other]
+            del tensors
             for k, m in enumerate(mask):
                 if not m:
                     continue
@@ -156,8 +156,8 @@ class TrainingEntry:
                 if g is None:
                     shape, dtype, device = tangent_meta[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
-                tangents.append(g.contiguous())
-            gs = compiled_bw(*saved, *tangents)
+                args.append(g.contiguous())
+            gs = call_consuming(compiled_bw, args, ctx)
             result = [None] * num_primals
             # A gradient computed only from outputs that got none (the loss does not use them)
             # is None, as in eager, not zeros.
@@ -177,6 +177,19 @@ class TrainingEntry:
         with _no_autocast():
             outs = self.function.apply(*flat)
         return epilogue(self.meta, flat, outs)
+
+
+def call_consuming(compiled: Callable, args: list, ctx) -> Any:
+    """compiled(*args), handing it the last references to `args`: autograd's copies of the
+    saved tensors are dropped first (unless the graph is retained for another backward), so
+    a compiled graph that takes its list (`call_boxed`) frees each saved activation after
+    its last use. Otherwise all of them lived until the backward returned, beside every
+    gradient it had made."""
+    boxed = getattr(type(compiled), "call_boxed", None)   # the class's own: not a wrapper's __getattr__
+    if boxed is None:
+        return compiled(*args)
+    ctx.maybe_clear_saved_tensors()
+    return boxed(compiled, args)
 
 
 _NO_CONTEXT = contextlib.nullcontext()

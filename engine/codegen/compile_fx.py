@@ -69,6 +69,23 @@ class CompiledGraph:
             _hint("an input mutated in place arrived with other strides than at compile time: "
                   "running the aten graph for this call")
             return self.gm(*args)
+        return self._shaped(outs)
+
+    def call_boxed(self, args: list):
+        """As __call__, but the list is the caller's last reference to its tensors and is
+        consumed: the wrapper frees each after its last use (a backward's saved activations,
+        freed as the backward goes instead of all at its end)."""
+        if self._call is None:
+            return self.gm(*args)
+        try:
+            outs = self._call(args)
+        except LayoutMismatch:   # raised before the wrapper consumes the list
+            _hint("an input mutated in place arrived with other strides than at compile time: "
+                  "running the aten graph for this call")
+            return self.gm(*args)
+        return self._shaped(outs)
+
+    def _shaped(self, outs: list):
         if self._flat is list:
             return outs
         return tuple(outs) if self._flat is tuple else pytree.tree_unflatten(outs, self.out_spec)

@@ -5,6 +5,7 @@ in order, frees dead buffers and returns the graph's outputs."""
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
@@ -117,6 +118,10 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
         if len(lay.sizes) >= 1 and b.name not in pinned:
             body.append(f"{b.name} = expect_input({b.name}, {tup(lay.sizes)}, {tup(lay.strides)}, "
                         f"{b.name in g.mutated_inputs})")
+    if names and run:
+        # the caller's list is consumed (once the checks above have passed: a layout mismatch
+        # falls back to the aten graph with it), so each input is freed after its last use
+        body.append("args.clear()")
     reused = set(sched.reuse.values())
     g.buffer_layouts.update(_allocation_layouts(g, sched))
     live_name: dict = {}
@@ -150,7 +155,33 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
     if run:
         outs = [_output_expr(g, o) for o in g.outputs]
         body.append(f"return [{', '.join(outs)}]")
+        body = _free_inputs_after_last_use(body, names)
     return body
+
+
+def _free_inputs_after_last_use(body: list[str], names: list[str]) -> list[str]:
+    """`del argN` after the last line that reads input N. Where the caller handed its last
+    reference over (a compiled backward's saved activations, `call_boxed`), that frees the
+    memory there, not when the whole backward returns."""
+    last: dict = {}
+    for i, line in enumerate(body):
+        if not line.lstrip().startswith("#"):
+            for n in set(_ARG_NAME.findall(line)) & set(names):
+                last[n] = i
+    cleared = body.index("args.clear()") if "args.clear()" in body else 0
+    after: dict = {}
+    for n, i in last.items():
+        if not body[i].startswith("return "):
+            after.setdefault(max(i, cleared), []).append(n)
+    out = []
+    for i, line in enumerate(body):
+        out.append(line)
+        if i in after:
+            out.append(f"del {', '.join(sorted(after[i], key=lambda n: int(n[3:])))}")
+    return out
+
+
+_ARG_NAME = re.compile(r"\barg\d+\b")
 
 
 def _allocation_layouts(g: GraphLowering, sched: Schedule) -> dict:

@@ -368,12 +368,13 @@ def report(results, args, device):
               f"({ours['step_ms']:.2f} vs {theirs['step_ms']:.2f} ms a step)")
     if any(r.get("timeline") for r in results):
         print()
-        print(f"GPU timeline of rank 0, ms a step: {'mode':34} {'wall':>7} {'compute':>8} {'nccl':>6} "
-              f"{'overlap':>8} {'nccl alone':>10} {'idle':>6} {'kernels':>8}")
+        print("GPU timeline of rank 0, ms a step (NCCL kernels include their wait for the other rank):")
+        print(f"{'mode':34} {'wall':>7} {'compute':>8} {'nccl':>6} {'overlap':>8} {'nccl alone':>10} "
+              f"{'idle':>6} {'kernels':>8}")
         for r in results:
             t = r.get("timeline")
             if t:
-                print(f"{'':34}{r['mode']:34} {t['wall_ms']:7.2f} {t['compute_ms']:8.2f} {t['nccl_ms']:6.2f} "
+                print(f"{r['mode']:34} {t['wall_ms']:7.2f} {t['compute_ms']:8.2f} {t['nccl_ms']:6.2f} "
                       f"{t['overlap_ms']:8.2f} {t['nccl_alone_ms']:10.2f} {t['idle_ms']:6.2f} {t['kernels']:8.0f}")
     path = args.json or (os.path.join(os.environ["OUT"], "ddp_gpu.json") if os.environ.get("OUT") else None)
     if path:
