@@ -240,6 +240,34 @@ def test_transformer_block_training_step_grads_match():
     assert k.sources          # forward and backward kernels are Triton
 
 
+@pytest.mark.parametrize("keys", [256, 200])
+def test_attention_with_a_padding_mask_runs_the_memory_efficient_kernel(keys):
+    """BERT's attention under a compiler gets a bool padding mask; traced on fake tensors
+    it took the math path (float32 scores, two bmms). The memory-efficient kernel runs it,
+    forward and backward, with eager's results; 200 keys need the bias rows padded."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(4, 6, keys, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 1, 1, keys, dtype=torch.bool, device=DEV)
+    mask[1, ..., keys // 2:] = False
+
+    def attn(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(4, 1, keys, keys), scale=0.125)
+
+    with Kernels() as kern:
+        got = engine.compile(attn)(q, k, v, mask)
+        got.float().square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want = attn(q, k, v, mask)
+    want.float().square().sum().backward()
+    assert_close(got, want, 2e-2)
+    for g, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(g.float(), t.grad.float(), rtol=5e-2, atol=5e-2)
+    code = "\n".join(kern.wrappers)
+    assert "_scaled_dot_product_efficient_attention" in code and "torch.bmm" not in code, code
+
+
 def test_dynamic_sizes_one_compile_many_shapes():
     fn = engine.compile(lambda t, w: F.layer_norm(t, (t.shape[-1],), w) * 2, dynamic=True)
     for rows, cols in ((8, 96), (13, 300), (5, 5000)):

@@ -9,6 +9,7 @@ import torch
 import torch.fx
 from torch.nn.utils.stateless import _reparametrize_module
 
+from . import attention
 from .errors import AOTAutogradError
 from .inputs import LiftedParams
 
@@ -17,6 +18,11 @@ class _NamingInterpreter(torch.fx.Interpreter):
     def __init__(self, gm: torch.fx.GraphModule, step: str):
         super().__init__(gm)
         self.step = step
+
+    def call_function(self, target, args, kwargs) -> Any:
+        if target in attention.ATTENTION:
+            return attention.scaled_dot_product_attention(*args, **kwargs)
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
