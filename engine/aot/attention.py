@@ -22,7 +22,7 @@ _ALIGNMENT = 16     # the kernel's: the bias's row stride a multiple of 16 eleme
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
-    if not _efficient_kernel_fits(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    if not _efficient_kernel_fits(query, key, value, attn_mask, dropout_p, is_causal):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     bias = additive_bias(attn_mask, query, key)
@@ -48,7 +48,7 @@ def additive_bias(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) ->
     return bias
 
 
-def _efficient_kernel_fits(query, key, value, mask, dropout_p, is_causal, enable_gqa) -> bool:
+def _efficient_kernel_fits(query, key, value, mask, dropout_p, is_causal) -> bool:
     tensors = (query, key, value)
     if mask is None or not isinstance(mask, torch.Tensor) or mask.requires_grad:
         return False     # unmasked attention already gets a fused kernel
@@ -62,7 +62,7 @@ def _efficient_kernel_fits(query, key, value, mask, dropout_p, is_causal, enable
     if mask.dtype not in (torch.bool, dtype):
         return False
     heads = query.shape[1]
-    if key.shape[1] != heads or value.shape[1] != heads or (enable_gqa and heads != key.shape[1]):
+    if key.shape[1] != heads or value.shape[1] != heads:     # grouped-query attention: torch's choice
         return False
     d, dv = query.shape[-1], value.shape[-1]
     if key.shape[-1] != d or d % 8 or dv % 8 or max(d, dv) > 128 or any(t.stride(-1) != 1 for t in tensors):
