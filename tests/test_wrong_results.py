@@ -583,3 +583,28 @@ def test_a_transpose_in_place_after_a_view_keeps_the_views_gradient(backend):
     (got[0] * weights).sum().backward()
     torch.testing.assert_close(ys[1].grad, ys[0].grad)
     assert any("transpose_() on a tensor that requires grad and has views" in s for s in shown), shown
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_returned_views_of_one_intermediate_stay_views_of_it(backend):
+    """`t1 = t0.select(1, -1)` and `t3 = t1.unsqueeze(0)` returned across a graph break,
+    then `leaky_relu_(t1)` and a slice of t3 returned (fuzz 316766). The graph returned t1
+    and t3 as independent tensors sharing memory, so the in-place write changed t3's values
+    but not its gradient (1.0 where eager's is 0.2). Both are now real views of their base,
+    which the graph returns too, hidden."""
+    def fn(x):
+        t0 = x * 1
+        t1 = t0.select(1, -1)
+        t3 = t1.unsqueeze(0)
+        engine.graph_break()
+        t6 = t3[:2]
+        F.leaky_relu(t1, 0.2, inplace=True)
+        return t6
+
+    xs = [torch.tensor([[1., -2., -3.], [4., 5., -6.]], requires_grad=True) for _ in range(2)]
+    expected = fn(xs[0])
+    got = engine.compile(fn, backend=backend)(xs[1])
+    same(got, expected)
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad)

@@ -62,7 +62,7 @@ class GraphMeta:
     outputs: list[OutputInfo]
     out_spec: Any                         # pytree spec of the captured graph's output
     mutated_inputs: list[int]             # inputs whose new value the aten graph returns first
-    graph_output_leaves: list[int]        # leaf index of each (deduplicated) graph output
+    graph_output_leaves: list[int]        # leaf index of each (deduplicated) graph output; ~j: leaf j's base
     graph_output_fakes: list[torch.Tensor]
     graph_output_requires_grad: list[bool]
     fallback_reason: Optional[str] = None
@@ -209,6 +209,8 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
         owner = next((k for k, prev in enumerate(graph_fakes[:dup]) if _owns_storage(prev)
                       and StorageWeakRef(prev.untyped_storage()) == ref and prev.dtype == leaf.dtype
                       and (prev.requires_grad or not rg)), None)
+        if owner is None:
+            owner = _intermediate_base(leaf, j, leaves, ref, rg, graph_fakes, graph_leaves)
         base_layout = (tuple(graph_fakes[owner].shape), tuple(graph_fakes[owner].stride())) if owner is not None else ()
         if owner is not None:
             # A view of another output (`return y, y.view(-1)`): rebuilt as a real view of
@@ -221,10 +223,44 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
     return outputs, graph_leaves, graph_fakes, fallback
 
 
-def _owns_storage(t: torch.Tensor) -> bool:
-    """t is the whole of its storage (offset 0, dense): its views can be rebuilt from it."""
-    return (t.storage_offset() == 0 and t.is_contiguous()
-            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+def _intermediate_base(leaf, j: int, leaves: list, ref, rg: bool, graph_fakes: list, graph_leaves: list):
+    """Outputs that are views of one intermediate the graph does not return (`t1 =
+    t0.select(1, -1)` and `t3 = t1.unsqueeze(0)`, both returned): that intermediate becomes
+    a graph output of its own, hidden from the caller, and each such output is rebuilt as
+    a real view of it. Returned as independent tensors, they shared memory but not autograd
+    history, so writing one in place later (fuzz 316766: `leaky_relu_(t1)`) left the
+    other's gradient wrong. Its index among the graph outputs, or None."""
+    base = leaf._base if leaf._is_view() else None
+    if base is None or not _owns_storage(base, any_order=True) or base.dtype != leaf.dtype \
+            or (rg and not base.requires_grad):
+        return None
+    if not any(k != j and isinstance(x, torch.Tensor) and StorageWeakRef(x.untyped_storage()) == ref
+               for k, x in enumerate(leaves)):
+        return None    # no other output shares its memory: nothing to keep in step
+    known = next((k for k, prev in enumerate(graph_fakes) if prev is base), None)
+    if known is not None:
+        return known
+    graph_fakes.append(base)
+    graph_leaves.append(~j)     # ~j: the base of leaf j (see GraphMeta.graph_output_leaves)
+    return len(graph_fakes) - 1
+
+
+def _owns_storage(t: torch.Tensor, any_order: bool = False) -> bool:
+    """t is the whole of its storage (offset 0, dense; contiguous unless any_order): its
+    views can be rebuilt from it."""
+    dense = _dense_in_some_order(t) if any_order else t.is_contiguous()
+    return t.storage_offset() == 0 and dense and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _dense_in_some_order(t: torch.Tensor) -> bool:
+    """Its elements fill a block of memory without gaps or overlaps, the dims in some order
+    (a transposed result is dense; a slice is not)."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training, inputs_alias) -> GraphMeta:

@@ -65,7 +65,8 @@ class Tracer:
         out = run_captured_graph(self.gm, self.lifted, f_args[:self.num_user], f_args[self.num_user:],
                                  step="tracing to aten")
         leaves = pytree.tree_leaves(out)
-        return [f_args[i] for i in self.meta.mutated_inputs] + [leaves[j] for j in self.meta.graph_output_leaves]
+        return [f_args[i] for i in self.meta.mutated_inputs] + [leaves[j] if j >= 0 else leaves[~j]._base
+                                                                for j in self.meta.graph_output_leaves]
 
     def make_fx(self, fn, *args) -> torch.fx.GraphModule:
         try:
