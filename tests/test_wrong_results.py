@@ -608,3 +608,16 @@ def test_two_returned_views_of_one_intermediate_stay_views_of_it(backend):
     expected.sum().backward()
     got.sum().backward()
     torch.testing.assert_close(xs[1].grad, xs[0].grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_float64_sum_over_two_stacked_copies_is_not_halved(backend):
+    """`torch.stack([t2, t2.detach()], -1).sum(-1)` of a float64 mean (fuzz 414119): the C++
+    kernel's sum over the two pieces was an `omp simd` reduction of 2 iterations, which
+    g++ 12 -O3 -fopenmp compiled to a loop that lost one: half of eager's value. Loops that
+    short are no longer SIMD loops."""
+    def fn(x):
+        t2 = x.mean(0)
+        return torch.stack([t2, t2.detach()], -1).sum(-1)
+
+    run(fn, lambda: (torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)),), backend)
