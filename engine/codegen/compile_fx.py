@@ -61,15 +61,7 @@ class CompiledGraph:
         self._flat = type(shape) if type(shape) in (list, tuple) and list(shape) == list(range(len(shape))) else None
 
     def __call__(self, *args):
-        if self._call is None:
-            return self.gm(*args)
-        try:
-            outs = self._call(list(args))
-        except LayoutMismatch:
-            _hint("an input mutated in place arrived with other strides than at compile time: "
-                  "running the aten graph for this call")
-            return self.gm(*args)
-        return self._shaped(outs)
+        return self.call_boxed(list(args))
 
     def call_boxed(self, args: list):
         """As __call__, but the list is the caller's last reference to its tensors and is
@@ -83,9 +75,6 @@ class CompiledGraph:
             _hint("an input mutated in place arrived with other strides than at compile time: "
                   "running the aten graph for this call")
             return self.gm(*args)
-        return self._shaped(outs)
-
-    def _shaped(self, outs: list):
         if self._flat is list:
             return outs
         return tuple(outs) if self._flat is tuple else pytree.tree_unflatten(outs, self.out_spec)
