@@ -621,3 +621,122 @@ def test_a_float64_sum_over_two_stacked_copies_is_not_halved(backend):
         return torch.stack([t2, t2.detach()], -1).sum(-1)
 
     run(fn, lambda: (torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0)),), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cat_written_in_place_keeps_its_second_half(backend):
+    """`torch.cat([z, x])` then `abs_`, `mul_`, `add_`, beside `x.max()` (fuzz 417442): the C++
+    kernel read each row of the cat under an `if` on the row, and g++ 12 and 13 at -O3
+    -march=native vectorized the loop over the 10 rows, 8 at a time, and lost the second
+    conditional load: rows 5-7 came out as if x were 0. A masked value whose loads stay in
+    bounds is now computed whatever the mask and then selected, with no branch."""
+    def fn(x, z):
+        t0 = torch.cat([z, x])
+        t0.abs_()
+        t0.mul_(2).add_(1)
+        return t0, x.max()
+
+    def make():
+        g = torch.Generator().manual_seed(24031)
+        return torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g).requires_grad_()
+
+    run(fn, make, backend)   # z requires grad: the kernel also stores abs's sign for the backward
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_linear_then_scale_then_relu_has_eager_weight_gradients(backend):
+    """`relu(lin(x) * scale)` on 6 rows of 5, beside `softmax(scale)` (fuzz 418869): g++ 12
+    and 13 at -O3 -march=native vectorized the backward kernel's loop over the rows, a loop
+    nobody marked for SIMD, and applied relu's mask to the wrong elements: the weight and
+    bias gradients were off by up to 1.1. Only the loops we mark `omp simd` are vectorized now."""
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(5, 5)
+            self.scale = torch.nn.Parameter(torch.linspace(-1, 1, 5))
+
+        def forward(self, t):
+            return (self.lin(t) * self.scale).relu()
+
+    def fn(net, x):
+        return torch.softmax(net.scale, -1).unsqueeze(0), net(x)
+
+    torch.manual_seed(0)
+    eager_net = Net()
+    compiled_net = copy.deepcopy(eager_net)
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(24105))
+    expected = fn(eager_net, x)
+    got = engine.compile(fn, backend=backend)(compiled_net, x)
+    same(got, expected)
+    sum(t.sum() for t in expected).backward()
+    sum(t.sum() for t in got).backward()
+    for (name, p), q in zip(eager_net.named_parameters(), compiled_net.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=f"{name}'s gradient differs from eager")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_std_of_equal_values_is_zero_and_its_gradient_too(backend):
+    """`(a * b).std()` where both elements are the same value (fuzz 423863): g++ fused each
+    product into the subtraction of the mean (an FMA, which rounds once), so the deviation
+    was the product's rounding error, std 1.5e-18 and its gradient -0.41 where eager's std
+    is 0 and so is its gradient. Generated C++ rounds after every op now, as eager does."""
+    def fn(y, z):
+        y[...] = z
+        t0 = y / (z.abs() + 1)
+        engine.graph_break()
+        t2 = t0.clamp(-0.5, 0.5)
+        return (t2 * t0).std()
+
+    def make():
+        g = torch.Generator().manual_seed(6528)
+        torch.randn(10, generator=g)
+        y = torch.randn(2, generator=g, dtype=torch.float64)
+        z = torch.randn((), generator=g).requires_grad_()
+        return y, z, z.clone()
+
+    (y0, leaf0, z0), (y1, leaf1, z1) = make(), make()
+    expected = fn(y0, z0)   # std 0: the product t2 * t0 is the same value twice
+    got = engine.compile(fn, backend=backend)(y1, z1)
+    same(got, expected)
+    expected.backward()
+    got.backward()
+    torch.testing.assert_close(leaf1.grad, leaf0.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_detached_alias_written_with_a_gradient_leaves_the_input_without_one(backend):
+    """`t0 = xs[1].detach()`, a graph break, then `t0[:, 1:].lerp_(y, 0.5)` with y requiring
+    grad (fuzz 418293). Eager's t0 shares xs[1]'s memory, not its autograd history, so the
+    write makes t0 require grad and leaves xs[1] as it was. The first graph returned t0 as a
+    view of xs[1] for autograd too, and the write made xs[1] require grad."""
+    def fn(y, xs):
+        t0 = xs[1].detach()
+        engine.graph_break()
+        t0[:, 1:].lerp_(y, 0.5)
+        return t0
+
+    def make():
+        g = torch.Generator().manual_seed(62899)
+        return torch.randn((), generator=g).requires_grad_(), [torch.randn(5, 3, generator=g) for _ in range(2)]
+
+    (y0, xs0), (y1, xs1) = make(), make()
+    expected = fn(y0, xs0)
+    got = engine.compile(fn, backend=backend)(y1, xs1)
+    same(got, expected)
+    assert xs1[1].requires_grad == xs0[1].requires_grad is False
+    torch.testing.assert_close(xs1[1], xs0[1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_data_dependent_size_is_read_before_an_in_place_transpose(backend):
+    """`t = y[y[:, 0] > 0]` (u0 rows), `t.transpose_(0, 1)`, then `torch.eye(t.shape[-1])`
+    (fuzz 328441): the graph read u0 as dim 0 of t after the transpose, which is 1. Sizes
+    that depend on the data are read where their tensor is made."""
+    def fn(x, y):
+        t = y[y[:, 0] > 0]
+        t.add_(x.shape[0])
+        t.transpose_(0, 1)
+        return torch.eye(t.shape[-1])
+
+    for rows in ([-0.9, -0.7], [0.5, -0.7], [0.5, 0.7]):
+        run(fn, lambda: (torch.zeros(2, 4), torch.tensor(rows).reshape(2, 1)), backend)

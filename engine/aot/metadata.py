@@ -54,6 +54,7 @@ class OutputInfo:
     requires_grad: bool = False
     fallback_index: int = -1     # output_alias: the graph output to use if the view cannot be rebuilt
     base_layout: tuple = ()      # output_alias: (size, stride) the view's base had when traced
+    detached: bool = False       # alias: shares the input's memory, not its autograd history (x.detach())
 
 
 @dataclasses.dataclass
@@ -196,8 +197,12 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
         if base is not None:
             if leaf.dtype != f_args[base].dtype or leaf.is_complex() or f_args[base].is_complex():
                 fallback = fallback or f"output {j} is a dtype-changing view of input {base}"
+            # autograd's views all point at their root base; a detach() starts a new root
+            arg = f_args[base]
+            root = arg._base if arg._is_view() else arg
             outputs.append(OutputInfo("alias", index=base, size=tuple(leaf.shape), stride=tuple(leaf.stride()),
-                                      storage_offset=leaf.storage_offset(), requires_grad=rg))
+                                      storage_offset=leaf.storage_offset(), requires_grad=rg,
+                                      detached=not (leaf._is_view() and leaf._base is root)))
             continue
         dup = next((k for k, prev in enumerate(graph_fakes) if prev is leaf), None)
         if dup is None:

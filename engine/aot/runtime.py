@@ -40,9 +40,10 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
             leaves.append(flat[o.index])
         elif o.kind == "alias":
             # A real view of the real input, as eager returns; autograd sees it as one
-            # (detached first where eager's output does not require grad: x.detach()).
+            # (detached first where eager's output is detached, x.detach(): a write into it
+            # with a value that requires grad leaves the input not requiring grad, fuzz 418293).
             base = flat[o.index]
-            if base.requires_grad and not o.requires_grad:
+            if not o.requires_grad and (base.requires_grad or o.detached):
                 base = base.detach()
             leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
         elif o.kind == "output_alias":

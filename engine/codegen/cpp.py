@@ -195,6 +195,7 @@ class CppKernel:
         self.locals: dict = {}          # buffer -> C variable holding its value, when visible
         self.unstored = {m.name for m in fk.members} - set(fk.stored)
         self.symbols: set = set()
+        self.load_guard = None          # C condition under which loads read real elements
 
     # -- values -----------------------------------------------------------------------
     def tmp(self) -> str:
@@ -208,6 +209,24 @@ class CppKernel:
         if storage not in self.params:
             self.params[storage] = f"p_{storage}"
         return self.params[storage]
+
+    def _guarded(self, index: str) -> str:
+        """A load's index inside a branch-free masked value: element 0 where the mask is off."""
+        return index if self.load_guard is None else f"({self.load_guard} ? {index} : 0)"
+
+    def _branch_free_ok(self, body) -> bool:
+        """A masked value can be computed whatever its mask: every buffer it loads has an
+        element 0 (a static size of at least one element), and nothing in it can trap on
+        the values a masked-off lane reads (integer division)."""
+        for x in V.walk(body):
+            if x.kind in ("load", "iload"):
+                n = sympy.sympify(numel(self.layouts[x.name].sizes))
+                if not (n.is_Integer and n > 0):
+                    return False
+            elif x.kind == "op" and x.name in ("truediv", "floordiv", "remainder") and \
+                    not x.dtype.is_floating_point:
+                return False
+        return True
 
     def index(self, e) -> str:
         e = sympy.sympify(e)
@@ -228,7 +247,7 @@ class CppKernel:
                 # failing now makes the graph run uncompiled instead of reading garbage
                 raise RuntimeError(f"{self.fk.name}: {v.name} is neither stored nor in scope")
             ptr = self.param(v.name)
-            raw = f"{ptr}[{self.index(v.extra)}]"
+            raw = f"{ptr}[{self._guarded(self.index(v.extra))}]"
             dt = self.layouts[v.name].dtype
             expr = f"bf16_to_float({raw})" if dt == torch.bfloat16 else (
                 f"static_cast<float>({raw})" if dt == torch.float16 else raw)
@@ -236,7 +255,7 @@ class CppKernel:
             expr_index, syms = v.extra
             names = [self._emit(a, scope) for a in v.args]
             sub = expr_index.subs({s: sympy.Symbol(n, integer=True) for s, n in zip(syms, names)})
-            raw = f"{self.param(v.name)}[{self.index(sub)}]"
+            raw = f"{self.param(v.name)}[{self._guarded(self.index(sub))}]"
             dt = self.layouts[v.name].dtype
             expr = f"bf16_to_float({raw})" if dt == torch.bfloat16 else (
                 f"static_cast<float>({raw})" if dt == torch.float16 else raw)
@@ -248,10 +267,29 @@ class CppKernel:
             mask = self._emit(v.args[0], scope)
             name = self.tmp()
             other = cpp_const(v.extra, v.dtype if v.dtype not in (torch.bfloat16, torch.float16) else torch.float32)
+            if self._branch_free_ok(v.args[1]):
+                # computed whatever the mask, its loads kept in bounds, then selected: g++ 12
+                # and 13 at -O3 -march=native vectorized an outer loop over a cat's rows with
+                # two conditional loads and lost the second (fuzz 417442; tests/test_wrong_results.py)
+                inner = Scope(scope, scope.indent)
+                outer_guard = self.load_guard
+                self.load_guard = mask if outer_guard is None else f"({outer_guard} && {mask})"
+                try:
+                    body = self._emit(v.args[1], inner)
+                finally:
+                    self.load_guard = outer_guard
+                scope.lines.extend(inner.lines)
+                scope.lines.append(f"{scope.indent}{T} {name} = ({mask} ? {body} : {other});")
+                scope.cache[id(v)] = name
+                return name
             scope.lines.append(f"{scope.indent}{T} {name} = {other};")
             scope.lines.append(f"{scope.indent}if ({mask}) {{")
             inner = Scope(scope, scope.indent + "  ")
-            body = self._emit(v.args[1], inner)
+            outer_guard, self.load_guard = self.load_guard, None
+            try:
+                body = self._emit(v.args[1], inner)
+            finally:
+                self.load_guard = outer_guard
             scope.lines.extend(inner.lines)
             scope.lines.append(f"{inner.indent}{name} = {body};")
             scope.lines.append(f"{scope.indent}}}")

@@ -85,9 +85,15 @@ def _placeholder(env: EngineShapeEnv, sym: sympy.Symbol):
     found = getattr(out, "unbacked_sizes", {}).get(sym)
     if found is not None:   # a data-dependent size: read from the tensor that has it
         tensor, index, dim, value = found
+        # read right where the tensor is made: a later in-place op can move the dim
+        # (`t = y[mask]; t.transpose_(0, 1)` then `t.shape[-1]`: fuzz 328441)
+        at = tensor.node
         if index is not None:
-            tensor = tensor[index]
-        proxy = out.tracer.create_proxy("call_function", torch.ops.aten.sym_size.int, (tensor, dim), {})
+            with out.graph.inserting_after(at):
+                tensor = tensor[index]
+            at = tensor.node
+        with out.graph.inserting_after(at):
+            proxy = out.tracer.create_proxy("call_function", torch.ops.aten.sym_size.int, (tensor, dim), {})
         proxy.node.meta["example_value"] = value
         proxy.node.meta["val"] = value
         env.symbol_placeholders[sym] = proxy
