@@ -648,7 +648,7 @@ def test_a_linear_then_scale_then_relu_has_eager_weight_gradients(backend):
     """`relu(lin(x) * scale)` on 6 rows of 5, beside `softmax(scale)` (fuzz 418869): g++ 12
     and 13 at -O3 -march=native vectorized the backward kernel's loop over the rows, a loop
     nobody marked for SIMD, and applied relu's mask to the wrong elements: the weight and
-    bias gradients were off by up to 1.1. Only the loops we mark `omp simd` are vectorized now."""
+    bias gradients were off by up to 1.1. A kernel with such a nest is not auto-vectorized now."""
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()

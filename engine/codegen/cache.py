@@ -30,15 +30,11 @@ from . import cache_explain
 CXX = os.environ.get("CXX", "g++")
 # no -fno-trapping-math: g++ 12 then miscompiles masked loads inside `omp simd` reductions
 # (tests/test_codegen_fuzz.py seed 201).
-# -fno-tree-loop-vectorize: the loops we mark `#pragma omp simd` are still vectorized, and
-# g++ 12 and 13 no longer vectorize the others on their own: they vectorized the outer loop
-# of small nests (rows of 5 or 7 elements) and gave wrong values, a relu's mask applied to
-# the wrong rows (fuzz 418869) and a cat's second half lost (fuzz 417442).
 # -ffp-contract=off: eager rounds after every op; a product fused into the next subtraction
 # (an FMA) made `std` of two equal values 1.5e-18 instead of 0, and std's gradient, which
 # is 0 where std is 0, -0.41 (fuzz 423863).
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno",
-         "-fno-tree-loop-vectorize", "-ffp-contract=off", "-w"]
+         "-ffp-contract=off", "-w"]
 
 
 def _has_avx512() -> bool:

@@ -196,6 +196,7 @@ class CppKernel:
         self.unstored = {m.name for m in fk.members} - set(fk.stored)
         self.symbols: set = set()
         self.load_guard = None          # C condition under which loads read real elements
+        self.unmarked_nest = False      # a loop nest whose inner loop is not `omp simd`
 
     # -- values -----------------------------------------------------------------------
     def tmp(self) -> str:
@@ -267,32 +268,28 @@ class CppKernel:
             mask = self._emit(v.args[0], scope)
             name = self.tmp()
             other = cpp_const(v.extra, v.dtype if v.dtype not in (torch.bfloat16, torch.float16) else torch.float32)
-            if self._branch_free_ok(v.args[1]):
-                # computed whatever the mask, its loads kept in bounds, then selected: g++ 12
-                # and 13 at -O3 -march=native vectorized an outer loop over a cat's rows with
-                # two conditional loads and lost the second (fuzz 417442; tests/test_wrong_results.py)
+            # Computed whatever the mask where its loads can be kept in bounds, then selected:
+            # no conditional load for g++ to vectorize (it lost a cat's second half, fuzz 417442)
+            branch_free = self._branch_free_ok(v.args[1])
+            if branch_free:
                 inner = Scope(scope, scope.indent)
-                outer_guard = self.load_guard
-                self.load_guard = mask if outer_guard is None else f"({outer_guard} && {mask})"
-                try:
-                    body = self._emit(v.args[1], inner)
-                finally:
-                    self.load_guard = outer_guard
-                scope.lines.extend(inner.lines)
-                scope.lines.append(f"{scope.indent}{T} {name} = ({mask} ? {body} : {other});")
-                scope.cache[id(v)] = name
-                return name
-            scope.lines.append(f"{scope.indent}{T} {name} = {other};")
-            scope.lines.append(f"{scope.indent}if ({mask}) {{")
-            inner = Scope(scope, scope.indent + "  ")
-            outer_guard, self.load_guard = self.load_guard, None
+                guard = mask if self.load_guard is None else f"({self.load_guard} && {mask})"
+            else:
+                scope.lines.append(f"{scope.indent}{T} {name} = {other};")
+                scope.lines.append(f"{scope.indent}if ({mask}) {{")
+                inner = Scope(scope, scope.indent + "  ")
+                guard = None      # the branch keeps its loads in bounds
+            outer_guard, self.load_guard = self.load_guard, guard
             try:
                 body = self._emit(v.args[1], inner)
             finally:
                 self.load_guard = outer_guard
             scope.lines.extend(inner.lines)
-            scope.lines.append(f"{inner.indent}{name} = {body};")
-            scope.lines.append(f"{scope.indent}}}")
+            if branch_free:
+                scope.lines.append(f"{scope.indent}{T} {name} = ({mask} ? {body} : {other});")
+            else:
+                scope.lines.append(f"{inner.indent}{name} = {body};")
+                scope.lines.append(f"{scope.indent}}}")
             scope.cache[id(v)] = name
             return name
         else:
@@ -349,7 +346,11 @@ class CppKernel:
             params.append(f"{const}{ct}* __restrict__ {pname}")
         params += [f"int64_t {s}" for s in sorted(self.symbols, key=str)]
         self.signature = list(self.params), sorted(self.symbols, key=str)
-        return f'extern "C" void {self.fk.name}({", ".join(params)}) {{\n' + "\n".join(lines) + "\n}\n"
+        # g++ 12 and 13 at -O3 vectorize a loop nest whose inner loop has no `omp simd`
+        # across its outer loop, and got small ones wrong (a relu's mask on the wrong elements
+        # of a 6x5 gradient, fuzz 418869): such a kernel is not auto-vectorized at all
+        attr = '__attribute__((optimize("no-tree-loop-vectorize"))) ' if self.unmarked_nest else ""
+        return f'extern "C" {attr}void {self.fk.name}({", ".join(params)}) {{\n' + "\n".join(lines) + "\n}\n"
 
     # -- reductions over a leading dim: vectorize across the outputs -----------------------
     def _column_reduction(self) -> bool:
@@ -600,6 +601,8 @@ class CppKernel:
             short = isinstance(size, (int, sympy.Integer)) and int(size) < 8
             if k == n - 1 and simd_ok and not short:
                 top.lines.append(f"{pad}#pragma omp simd {red_clause}".rstrip())
+            elif k == n - 1 and n > 1:
+                self.unmarked_nest = True
             top.lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.index(size)}; {var}++) {{")
         scope = Scope(top, ind + "  " * n)
         saved = dict(self.locals)
