@@ -225,7 +225,7 @@ class CppKernel:
                 if not (n.is_Integer and n > 0):
                     return False
             elif x.kind == "op" and x.name in ("truediv", "floordiv", "remainder") and \
-                    not x.dtype.is_floating_point:
+                    not all(a.dtype.is_floating_point for a in x.args):
                 return False
         return True
 
