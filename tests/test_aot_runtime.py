@@ -347,3 +347,53 @@ def test_the_generated_code_does_not_recheck_the_layout_of_inputs_the_guards_pin
     assert "def call(" in text and "expect_input(" not in text.split("def call(")[1], text[-2000:]
     x = torch.randn(6, 6).t()
     close(compiled(x), fn(x))
+
+
+class LossAndLogits(torch.nn.Module):
+    """Returns what HF models return: the loss and the logits it was computed from."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x, labels):
+        logits = self.fc(x)
+        return torch.nn.functional.cross_entropy(logits, labels), logits, logits.abs().sqrt()
+
+
+def test_a_backward_without_some_outputs_gradients_is_compiled_only_where_zeros_could_turn_nan():
+    """loss.backward() alone leaves the logits and sqrt(|logits|) without a gradient. The
+    logits' zeros are only added to the loss's gradient, exactly, so the compiled backward
+    serves; the sqrt's backward divides by 2*sqrt(0) where a logit is 0, so each pattern of
+    missing gradients that includes it gets a backward compiled without it, once."""
+    compiled_bw = []
+
+    def record(gm, example_inputs):
+        if gm.meta.get("aot_graph", ("",))[0] == "backward":
+            compiled_bw.append(gm)
+        return gm
+
+    model, x, labels = LossAndLogits(), torch.randn(4, 8), torch.tensor([0, 1, 2, 3])
+    with torch.no_grad():
+        model.fc.weight[0].zero_()
+        model.fc.bias[0] = 0              # logits[:, 0] are 0: sqrt's gradient there is inf
+    compiled = aot_compile(torch.fx.symbolic_trace(model), [x, labels], fw_compiler=record)
+    assert len(compiled_bw) == 1
+    for _ in range(2):
+        model.zero_grad()
+        loss, logits, root = compiled(x, labels)
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x, labels)[0].backward()
+        for got, expected in zip(grads, model.parameters()):
+            close(got, expected.grad)
+        assert all(g.isfinite().all() for g in grads)
+    assert len(compiled_bw) == 2          # the full backward, then one without sqrt's part
+    for _ in range(2):
+        loss, logits, root = compiled(x, labels)
+        (loss + logits.sum()).backward()   # another pattern: the sqrt's gradient alone is missing
+    assert len(compiled_bw) == 3
+    loss, logits, root = compiled(x, labels)
+    (loss + root.sum()).backward()         # no gradient for the logits alone: only added, exact
+    assert len(compiled_bw) == 3

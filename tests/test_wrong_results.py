@@ -740,3 +740,31 @@ def test_a_data_dependent_size_is_read_before_an_in_place_transpose(backend):
 
     for rows in ([-0.9, -0.7], [0.5, -0.7], [0.5, 0.7]):
         run(fn, lambda: (torch.zeros(2, 4), torch.tensor(rows).reshape(2, 1)), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_output_the_loss_does_not_use_adds_no_nan_to_the_gradient(backend):
+    """The first graph returns `t = stack([x * 0, y]).abs().sqrt()` across a break, and the
+    loss never uses t (fuzz 429014). Eager never runs t's backward; the compiled backward
+    took a zero gradient for t, and `0 / (2 * sqrt(0))` made x's gradient NaN. A backward
+    call where an output got no gradient runs a backward without that output's part, and
+    the log says so."""
+    def fn(x, y):
+        used = x.clamp(-0.5, 0.5)
+        t = torch.stack([x * 0, y]).abs().sqrt()
+        if (x / (y.abs() + 1)).sum() > 1000:
+            t = t + 1
+        return used * 2
+
+    def make():
+        g = torch.Generator().manual_seed(59951)
+        return torch.randn(4, 6, generator=g).requires_grad_(), torch.randn(4, 6, generator=g)
+
+    (x0, y0), (x1, y1) = make(), make()
+    fn(x0, y0).sum().backward()
+    with logs("aot") as records:
+        engine.compile(fn, backend=backend)(x1, y1).sum().backward()
+    torch.testing.assert_close(x1.grad, x0.grad)
+    assert not x1.grad.isnan().any()
+    if backend != "eager":
+        assert any("no gradient for tangents" in line for line in records)

@@ -105,7 +105,7 @@ class InferenceEntry:
 class TrainingEntry:
     def __init__(self, compiled_fw: Callable, compiled_bw: Callable, meta: GraphMeta,
                  forward_output_vals: list, grad_inputs: list[int], num_primals: int,
-                 grad_tangents: Optional[list] = None):
+                 grad_tangents: Optional[list] = None, backward_for: Optional[Callable] = None):
         mask = meta.tangent_mask()
         num_forward_outputs = len(forward_output_vals)
         tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
@@ -158,11 +158,13 @@ class TrainingEntry:
                     shape, dtype, device = tangent_meta[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 args.append(g.contiguous())
-            gs = call_consuming(compiled_bw, args, ctx)
+            missing = tuple(grads[k] is None for k, m in enumerate(mask) if m)
+            # zeros for the outputs that got no gradient may meet ops eager never runs (0/0)
+            bw = backward_for(missing) if backward_for is not None and any(missing) else compiled_bw
+            gs = call_consuming(bw, args, ctx)
             result = [None] * num_primals
             # A gradient computed only from outputs that got none (the loss does not use them)
             # is None, as in eager, not zeros.
-            missing = [grads[k] is None for k, m in enumerate(mask) if m]
             for n, (i, g) in enumerate(zip(grad_inputs, gs)):
                 deps = grad_tangents[n] if grad_tangents is not None else ()
                 if deps and all(missing[j] for j in deps):

@@ -1,0 +1,142 @@
+"""Backward graphs for calls where some outputs get no gradient.
+
+Eager autograd never runs the backward of an output the loss does not use. The compiled
+backward is one graph over every output's gradient, and a missing gradient enters it as
+zeros: exact where those zeros are only added, copied, viewed or summed (HF models' unused
+logits), but `0 / (2 * sqrt(0))` is NaN where eager computes nothing (fuzz 429014). For a
+pattern of missing gradients whose zeros reach such an op, the backward is compiled again
+without their contributions, once per pattern, on the first backward that has it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.fx
+
+import observe
+
+from .partition import is_view_op
+from .readable import readable
+from .trace import placeholders
+
+aten = torch.ops.aten
+
+# Ops that map zero inputs to exact zeros whatever their other operands are (no 0 * inf).
+_ZERO_EXACT = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.default,
+               aten._to_copy.default, aten.copy.default, aten.sum.dim_IntList, aten.sum.default,
+               aten.cat.default, aten.stack.default, aten.expand.default, aten.contiguous.default,
+               aten.slice_scatter.default, aten.select_scatter.default, operator.getitem}
+
+
+def zero_nodes(backward: torch.fx.GraphModule, num_tangents: int, missing: tuple) -> set:
+    """The nodes whose value is zero when the `missing` tangents are: the backward is linear
+    in its tangents, so a node computed only from missing ones contributes nothing."""
+    tangents = placeholders(backward)[-num_tangents:] if num_tangents else []
+    zero = {t for t, m in zip(tangents, missing) if m}
+    dependent = set(tangents)
+    for node in backward.graph.nodes:
+        if node.op != "call_function":
+            continue
+        inputs = [a for a in node.all_input_nodes if a in dependent]
+        if inputs:
+            dependent.add(node)
+            if all(a in zero for a in inputs):
+                zero.add(node)
+    return zero
+
+
+def _zero_exact(node: torch.fx.Node) -> bool:
+    t = node.target
+    if t in _ZERO_EXACT or is_view_op(t):
+        return True
+    if t in (aten.mul.Tensor, aten.div.Tensor) and len(node.args) == 2:
+        other = node.args[1]      # a finite Python number: 0 * 2.0 is 0
+        return isinstance(other, (int, float)) and math.isfinite(other) and (t is aten.mul.Tensor or other != 0)
+    return False
+
+
+def needs_pruning(zero: set) -> bool:
+    """Whether the zeros reach an op that may not keep them zero (mul by a saved tensor that
+    holds inf, a division by zero)."""
+    return any(n.op == "call_function" and not _zero_exact(n) for n in zero)
+
+
+def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
+    """`backward` computing what eager computes when the `zero` nodes' gradients are missing:
+    an accumulation `a + zero` is `a`, and a zero that meets any other op (or is returned)
+    is a fresh `zeros_like`, so nothing computed from it reaches a result. Same inputs and
+    outputs as `backward`."""
+    graph = torch.fx.Graph()
+    env: dict = {}
+    graph.output(graph.graph_copy(backward.graph, env))
+    new_zero = {env[n] for n in zero}
+    zeros: dict = {}
+
+    def zeros_of(node):
+        if node not in zeros:
+            with graph.inserting_after(node):
+                zeros[node] = graph.call_function(aten.zeros_like.default, (node,))
+                zeros[node].meta = dict(node.meta)
+        return zeros[node]
+
+    for node in list(graph.nodes):
+        if node in new_zero or node.op not in ("call_function", "output") or node in zeros.values():
+            continue
+        zin = [a for a in node.all_input_nodes if a in new_zero]
+        if not zin:
+            continue
+        if node.op == "call_function" and node.target is aten.add.Tensor and len(node.args) == 2 and len(zin) == 1 and not node.kwargs:
+            other = node.args[1] if node.args[0] is zin[0] else node.args[0]
+            if isinstance(other, torch.fx.Node) and _same_layout(other, node):
+                node.replace_all_uses_with(other)
+                continue
+        for a in zin:
+            node.replace_input_with(a, zeros_of(a))
+    graph.eliminate_dead_code()
+    gm = torch.fx.GraphModule(backward, graph, class_name="backward")
+    gm.meta.update(backward.meta)
+    return gm
+
+
+def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
+            and va.shape == vb.shape)
+
+
+class BackwardsByMissing:
+    """The compiled backward for each pattern of missing gradients (a tuple of bools, one
+    per tangent): the full one where the zeros stay exact, else one compiled now."""
+
+    def __init__(self, backward: torch.fx.GraphModule, examples: list, compiler: Callable,
+                 full: Callable, num_tangents: int, compile_id):
+        self.backward, self.examples, self.compiler = backward, examples, compiler
+        self.num_tangents, self.compile_id = num_tangents, compile_id
+        self.by_pattern: dict = {}
+        self.full = full
+
+    def __call__(self, missing: tuple) -> Callable:
+        compiled = self.by_pattern.get(missing)
+        if compiled is None:
+            compiled = self.by_pattern[missing] = self._compile(missing)
+        return compiled
+
+    def _compile(self, missing: tuple) -> Callable:
+        zero = zero_nodes(self.backward, self.num_tangents, missing)
+        if not needs_pruning(zero):
+            return self.full
+        gm = pruned(self.backward, zero)
+        which = [j for j, m in enumerate(missing) if m]
+        ctx = observe.compile_context(self.compile_id) if observe.current_compile_id() is None else nullcontext()
+        with ctx, observe.stage("aot_compile_backward"):
+            gid = gm.meta.get("aot_graph", ("backward", "?"))[1]
+            observe.log("aot", logging.INFO, "backward graph %s: no gradient for tangents %s, whose zeros "
+                        "would pass through ops eager never runs; compiling it without them", gid, which)
+            observe.emit("aot_backward_graph", {"title": f"===== Backward graph {gid} (tangents {which} missing) ====="},
+                         payload=lambda: readable(gm), log="aot_graphs")
+            return self.compiler(gm, self.examples)
