@@ -7,6 +7,7 @@ inputs, globals or module changed, differs) fails, with the shrunk repro scripts
 their programs in the message. Crashes (the engine raised where eager did not) are printed
 and warned about, not failures. More seeds: `python -m tests.fuzz --help`."""
 
+import json
 import logging
 import os
 import sys
@@ -47,7 +48,9 @@ FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that i
          (423863, "inductor"),    # an FMA: std of two equal values 1.5e-18, and its gradient -0.41
          (418293, "inductor"),    # a detached alias of an input, written with grad across a break
          (328441, "aot_eager"),   # a data-dependent size read after an in-place transpose
-         (429014, "inductor")]    # an unused output's zero gradient through sqrt: 0/0 in x's gradient
+         (429014, "inductor"),    # an unused output's zero gradient through sqrt: 0/0 in x's gradient
+         # the zeros for a missing gradient were given an expanded layout (the first fix's own bug)
+         (432520, "inductor"), (439227, "inductor")]
 
 
 @pytest.mark.parametrize("seed,backend", FIXED)
@@ -140,3 +143,16 @@ def test_a_float_difference_no_larger_than_eagers_own_error_passes():
     assert harness.compare(res(eager), res(compiled)) is not None
     assert harness.compare(res(eager), res(compiled), far) is not None
     assert harness.compare(res(eager), res(compiled), near) is None
+
+
+def test_a_run_stops_starting_programs_at_its_deadline(tmp_path, capsys):
+    """`--minutes` bounds a run on a lent machine: no program starts after it, and the summary
+    and the JSON cover the programs that finished (here, with 0 minutes, none)."""
+    runner.main(["--backend", "eager", "--seed", "5", "--count", "6", "--jobs", "2", "--minutes", "0",
+                 "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "backend eager: 0 programs" in out
+    assert "0 of the 6 programs asked for ran" in out
+    assert json.load(open(tmp_path / "results-eager-5-6.json")) == []
+    worker_log = (tmp_path / "worker-0.log").read_text()
+    assert "deadline: stopped after 0 of 3 programs" in worker_log

@@ -768,3 +768,33 @@ def test_an_output_the_loss_does_not_use_adds_no_nan_to_the_gradient(backend):
     assert not x1.grad.isnan().any()
     if backend != "eager":
         assert any("no gradient for tangents" in line for line in records)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_backward_without_an_unused_outputs_part_keeps_its_zeros_dense(backend):
+    """The zeros standing in for a missing gradient have zeros_like's dense layout, not the
+    layout of the gradient they replace: that one was an expansion (stride 0), and the
+    generated code refused to copy a result into it (fuzz 432520, 439227)."""
+    def fn(x, y, z):
+        t0 = (x + y) * 3
+        t1 = t0.clamp(-0.5, 0.5)
+        t3 = t0.sigmoid()
+        v0 = z.sum().item()
+        t5 = t0 * v0 + t3                  # unused: t3 crosses the break and gets no gradient
+        return t1.norm()
+
+    def make():
+        g = torch.Generator().manual_seed(13104)
+        x = torch.randn((4, 3), generator=g)
+        y_leaf = torch.randn((), generator=g).requires_grad_()
+        z = torch.randn((3,), generator=g).requires_grad_()
+        return x, y_leaf, z
+
+    compiled = engine.compile(fn, backend=backend)
+    x, y, z = make()
+    compiled(x, y.detach(), z.detach())     # a first call without gradients, then one with
+    (x0, y0, z0), (x1, y1, z1) = make(), make()
+    fn(x0, y0.clone(), z0).backward()
+    compiled(x1, y1.clone(), z1).backward()
+    torch.testing.assert_close(y1.grad, y0.grad)
+    assert z1.grad is None and z0.grad is None

@@ -81,7 +81,11 @@ def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
         if node not in zeros:
             with graph.inserting_after(node):
                 zeros[node] = graph.call_function(aten.zeros_like.default, (node,))
-                zeros[node].meta = dict(node.meta)
+            val = node.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                # zeros_like's own layout: dense, where its input may be an expansion (stride 0)
+                with getattr(val, "fake_mode", None) or nullcontext():
+                    zeros[node].meta["val"] = aten.zeros_like.default(val)
         return zeros[node]
 
     for node in list(graph.nodes):
@@ -106,7 +110,7 @@ def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
 def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     va, vb = a.meta.get("val"), b.meta.get("val")
     return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
-            and va.shape == vb.shape)
+            and va.shape == vb.shape and va.stride() == vb.stride())
 
 
 class BackwardsByMissing:

@@ -373,12 +373,17 @@ class Result:
 
 
 def fuzz(backend, seeds, compare=False, out="/tmp/fuzz-failures", do_shrink=True, shrink_budget=60.0,
-         timeout=None, log=print, verbose=False):
-    """Generate and check one program per seed; shrink and write every engine failure."""
+         timeout=None, log=print, verbose=False, deadline=None):
+    """Generate and check one program per seed; shrink and write every engine failure. With
+    a `deadline` (time.time()), no program starts after it: the results cover the seeds
+    that finished."""
     timeout = timeout or (180 if backend == "inductor" else 60)
     results = []
     t0 = time.time()
     for n, seed in enumerate(seeds):
+        if deadline is not None and time.time() >= deadline:
+            log(f"deadline: stopped after {n} of {len(seeds)} programs" + (f" (seeds {seeds[0]}..{seed - 1})" if n else ""))
+            break
         try:
             prog, discarded = gen.generate(seed)
         except RuntimeError as e:
@@ -452,6 +457,9 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write every result here (default OUT/results-BACKEND-SEED.json)")
     ap.add_argument("--show", action="store_true", help="print the program of --seed and exit")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, each a contiguous share of the seeds")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="start no program after this many minutes; results and summary cover what finished")
+    ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)   # for workers: time.time()
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.show:
@@ -460,13 +468,19 @@ def main(argv=None):
         print(prog.calls_source())
         return 0
     os.makedirs(args.out, exist_ok=True)
+    if args.minutes is not None and args.deadline is None:
+        args.deadline = time.time() + 60 * args.minutes
     if args.jobs > 1:
         results = _in_workers(args, argv if argv is not None else sys.argv[1:])
     else:
         seeds = list(range(args.seed, args.seed + args.count))
         results = fuzz(args.backend, seeds, args.compare, args.out, not args.no_shrink, args.shrink_budget,
-                       args.timeout, log=lambda s: print(s, flush=True), verbose=args.verbose)
+                       args.timeout, log=lambda s: print(s, flush=True), verbose=args.verbose,
+                       deadline=args.deadline)
     print(summarize(results, args.backend, args.compare), flush=True)
+    if len(results) < args.count:
+        print(f"{len(results)} of the {args.count} programs asked for ran (the deadline, or workers that "
+              f"wrote no results); the JSON lists their seeds", flush=True)
     path = args.json or os.path.join(args.out, f"results-{args.backend}-{args.seed}-{args.count}.json")
     with open(path, "w") as f:
         json.dump([{"seed": r.seed, "engine": asdict(r.engine), "torch": asdict(r.torch) if r.torch else None,
@@ -481,7 +495,7 @@ def _in_workers(args, argv):
     and read their results back."""
     per = -(-args.count // args.jobs)
     keep = []
-    skip = {"--jobs", "--seed", "--count", "--json"}
+    skip = {"--jobs", "--seed", "--count", "--json", "--minutes", "--deadline"}
     it = iter(argv)
     for a in it:
         if a.split("=")[0] in skip:
@@ -489,6 +503,10 @@ def _in_workers(args, argv):
                 next(it, None)
         else:
             keep.append(a)
+    # Each worker gets its share of the cores for torch's (and generated kernels') threads:
+    # 64 workers with 64 threads each spent 10 s a program on a 64-core host, against 4 s before.
+    threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     procs = []
     for k in range(args.jobs):
         first, n = args.seed + k * per, min(per, args.count - k * per)
@@ -497,7 +515,9 @@ def _in_workers(args, argv):
         part = os.path.join(args.out, f"worker-{k}.json")
         log = open(os.path.join(args.out, f"worker-{k}.log"), "w")
         cmd = [sys.executable, "-m", "tests.fuzz", *keep, "--seed", str(first), "--count", str(n), "--json", part]
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), part, log))
+        if args.deadline is not None:
+            cmd += ["--deadline", repr(args.deadline)]
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), part, log))
     results = []
     for proc, part, log in procs:
         proc.wait()
