@@ -4,6 +4,7 @@ program cannot be compiled correctly the engine breaks the graph (or runs aten o
 reason, and the result is still eager's."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -798,3 +799,42 @@ def test_a_backward_without_an_unused_outputs_part_keeps_its_zeros_dense(backend
     compiled(x1, y1.clone(), z1).backward()
     torch.testing.assert_close(y1.grad, y0.grad)
     assert z1.grad is None and z0.grad is None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_buffer_written_after_the_forward_was_not_saved_only_to_recompute(backend):
+    """`where(t > m.running, t, m.running)`, a break, then `m.running.mul_(0.9)` (fuzz 425449).
+    Eager's where saves its condition. Min-cut saved the buffer instead, to recompute the
+    comparison in the backward; the generated code wrote the buffer in place, and the
+    backward compared with the new values: sin(y) = 0.47 is below 0.5 but above 0.45, and
+    y's gradient was cos(y) where eager's is 0. An input that gets no gradient is now saved
+    only where the backward reads it."""
+    def make():
+        module = torch.nn.Module()
+        module.register_buffer("running", torch.full((7,), 0.5))
+        return torch.full((5, 7), math.asin(0.47)).requires_grad_(), module
+
+    def fn(y, m):
+        t = torch.sin(y)
+        out = torch.where(t > m.running, t, m.running)
+        engine.graph_break()
+        m.running.mul_(0.9)
+        return out
+
+    (y0, m0), (y1, m1) = make(), make()
+    fn(y0, m0).sum().backward()
+    engine.compile(fn, backend=backend)(y1, m1).sum().backward()
+    torch.testing.assert_close(y1.grad, y0.grad)
+    torch.testing.assert_close(m1.running, m0.running)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_the_generated_code_writes_in_place_fails_a_backward_that_saved_it(backend):
+    """Eager's `x * w` saves w; a compiled `w.mul_(2)` then changes it. Eager's backward
+    raises; the generated code wrote w through a pointer, autograd did not see the write, and
+    the backward used the new w. The epilogue now counts the write as an in-place op does."""
+    w, x = torch.randn(3), torch.randn(3, requires_grad=True)
+    y = x * w
+    engine.compile(lambda w: w.mul_(2), backend=backend)(w)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()

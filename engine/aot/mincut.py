@@ -128,8 +128,29 @@ class _FlowGraph:
         return seen
 
 
-def min_cut_saved(parts: JointParts, free_primals: set = frozenset()) -> list[torch.fx.Node]:
-    """The nodes to save. `free_primals` (parameters: alive anyway) cost nothing to save."""
+def _read_by(node: torch.fx.Node, backward: set) -> bool:
+    """Whether a backward node reads `node`, or a view of it."""
+    work, seen = [node], set()
+    while work:
+        for user in work.pop().users:
+            if user in seen:
+                continue
+            seen.add(user)
+            if user in backward:
+                return True
+            if user.op == "call_function" and is_view_op(user.target):
+                work.append(user)
+    return False
+
+
+def min_cut_saved(parts: JointParts, free_primals: set = frozenset(),
+                  no_grad_primals: set = frozenset()) -> list[torch.fx.Node]:
+    """The nodes to save. `free_primals` (parameters: alive anyway) cost nothing to save.
+    `no_grad_primals` (inputs that get no gradient) are saved only where the backward reads
+    them, as eager's ops save them: saved only to recompute a forward op (a BatchNorm
+    buffer to recompute `t > running`), one the caller then writes in place (the next
+    graph's `running.mul_(0.9)`) fails the backward's version check where eager, which
+    saved the comparison, runs (fuzz 425449, 420327)."""
     import sys
 
     g = _FlowGraph()
@@ -141,6 +162,8 @@ def min_cut_saved(parts: JointParts, free_primals: set = frozenset()) -> list[to
         if node.op == "placeholder":
             g.add_edge("source", (node, "in"), INF)
             cost = 0 if node in free_primals else tensor_bytes(node)
+            if node in no_grad_primals and not _read_by(node, backward):
+                cost = INF
         else:
             val = node.meta.get("val")
             # A tuple-valued node cannot be saved (its getitems can); a scalar costs a word.

@@ -17,10 +17,18 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     n = meta.num_mutations
     grad = torch.is_grad_enabled()
     if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
+        written = None
         with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
             for k, i in enumerate(meta.mutated_inputs):
-                if outs[k] is not flat[i]:     # else the compiled graph wrote it in place
+                if outs[k] is not flat[i]:
                     flat[i].copy_(outs[k])
+                else:                  # the compiled graph wrote it in place, through a pointer
+                    written = written or []
+                    written.append(flat[i])
+        if written:
+            # as an in-place op would: a tensor saved for a backward before (eager's `x * w`
+            # saves w) then fails autograd's check instead of giving a gradient from new values
+            torch.autograd.graph.increment_version(written)
     else:
         for k, i in enumerate(meta.mutated_inputs):
             target, new = flat[i], outs[k]
