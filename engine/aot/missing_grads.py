@@ -78,9 +78,12 @@ def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
     zeros: dict = {}
 
     def zeros_of(node):
+        if node.op == "placeholder":        # a missing gradient: the caller passes zeros
+            return node
         if node not in zeros:
             with graph.inserting_after(node):
                 zeros[node] = graph.call_function(aten.zeros_like.default, (node,))
+            zeros[node].meta = dict(node.meta)      # its user lines, for kernel provenance
             val = node.meta.get("val")
             if isinstance(val, torch.Tensor):
                 # zeros_like's own layout: dense, where its input may be an expansion (stride 0)
