@@ -97,7 +97,8 @@ def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
         zin = [a for a in node.all_input_nodes if a in new_zero]
         if not zin:
             continue
-        if node.op == "call_function" and node.target is aten.add.Tensor and len(node.args) == 2 and len(zin) == 1 and not node.kwargs:
+        accumulates = node.op == "call_function" and node.target is aten.add.Tensor and not node.kwargs
+        if accumulates and len(node.args) == 2 and len(zin) == 1:
             other = node.args[1] if node.args[0] is zin[0] else node.args[0]
             if isinstance(other, torch.fx.Node) and _same_layout(other, node):
                 node.replace_all_uses_with(other)

@@ -503,10 +503,11 @@ def _in_workers(args, argv):
                 next(it, None)
         else:
             keep.append(a)
-    # Each worker gets its share of the cores for torch's (and generated kernels') threads:
-    # 64 workers of 64 threads each spent 10 s a program on a 64-core host (4 s at 2 threads each).
+    # Each worker gets its share of the cores for torch's (and generated kernels') threads,
+    # unless the caller chose: 64 workers of 64 threads each spent 10 s a program on a 64-core
+    # host (4 s at 2 threads each).
     threads = str(max(1, (os.cpu_count() or 1) // args.jobs))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, **os.environ}
     procs = []
     for k in range(args.jobs):
         first, n = args.seed + k * per, min(per, args.count - k * per)
