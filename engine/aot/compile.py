@@ -281,7 +281,7 @@ class AOTCompiled:
         backward_for = BackwardsByMissing(chosen.backward, bw_examples, self.config.bw_compiler, compiled_bw,
                                           layout.num_tangents, self.compile_id)
         return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals,
-                             _grad_tangents(chosen.backward, layout.num_tangents), backward_for)
+                             backward_for)
 
 
 class _Lazy:
@@ -315,17 +315,6 @@ def _key_difference(old: tuple, new: tuple) -> str:
     if old[2] != new[2]:
         diffs.append("inputs that share storage changed")
     return "; ".join(diffs[:4]) or "same inputs"
-
-
-def _grad_tangents(backward: torch.fx.GraphModule, num_tangents: int) -> list:
-    """For each gradient the backward graph returns, the indices of the tangents it is
-    computed from."""
-    from .partition import ancestors
-
-    tangents = placeholders(backward)[-num_tangents:] if num_tangents else []
-    index = {t: j for j, t in enumerate(tangents)}
-    return [tuple(sorted(index[n] for n in ancestors([o], set()) if n in index)) if isinstance(o, torch.fx.Node)
-            else () for o in output_nodes(backward)]
 
 
 def _effectful_op(exc: AOTAutogradError) -> Optional[str]:

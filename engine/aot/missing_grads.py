@@ -22,7 +22,7 @@ import observe
 
 from .partition import is_view_op
 from .readable import readable
-from .trace import placeholders
+from .trace import output_nodes, placeholders
 
 aten = torch.ops.aten
 
@@ -118,8 +118,10 @@ def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 
 
 class BackwardsByMissing:
-    """The compiled backward for each pattern of missing gradients (a tuple of bools, one
-    per tangent): the full one where the zeros stay exact, else one compiled now."""
+    """For each pattern of missing gradients (a tuple of bools, one per tangent): the
+    compiled backward to run (the full one where the zeros stay exact, else one compiled
+    now) and which of its results are computed only from missing gradients (those are
+    None, as in eager, not zeros)."""
 
     def __init__(self, backward: torch.fx.GraphModule, examples: list, compiler: Callable,
                  full: Callable, num_tangents: int, compile_id):
@@ -128,14 +130,15 @@ class BackwardsByMissing:
         self.by_pattern: dict = {}
         self.full = full
 
-    def __call__(self, missing: tuple) -> Callable:
-        compiled = self.by_pattern.get(missing)
-        if compiled is None:
-            compiled = self.by_pattern[missing] = self._compile(missing)
-        return compiled
+    def __call__(self, missing: tuple) -> tuple:
+        found = self.by_pattern.get(missing)
+        if found is None:
+            zero = zero_nodes(self.backward, self.num_tangents, missing)
+            absent = tuple(isinstance(o, torch.fx.Node) and o in zero for o in output_nodes(self.backward))
+            found = self.by_pattern[missing] = (self._compile(missing, zero), absent)
+        return found
 
-    def _compile(self, missing: tuple) -> Callable:
-        zero = zero_nodes(self.backward, self.num_tangents, missing)
+    def _compile(self, missing: tuple, zero: set) -> Callable:
         if not needs_pruning(zero):
             return self.full
         gm = pruned(self.backward, zero)

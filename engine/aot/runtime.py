@@ -5,7 +5,7 @@ writes mutated inputs back and rebuilds outputs that are inputs or views of inpu
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -17,13 +17,12 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     n = meta.num_mutations
     grad = torch.is_grad_enabled()
     if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
-        written = None
+        written = []
         with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
             for k, i in enumerate(meta.mutated_inputs):
                 if outs[k] is not flat[i]:
                     flat[i].copy_(outs[k])
                 else:                  # the compiled graph wrote it in place, through a pointer
-                    written = written or []
                     written.append(flat[i])
         if written:
             # as an in-place op would: a tensor saved for a backward before (eager's `x * w`
@@ -113,7 +112,7 @@ class InferenceEntry:
 class TrainingEntry:
     def __init__(self, compiled_fw: Callable, compiled_bw: Callable, meta: GraphMeta,
                  forward_output_vals: list, grad_inputs: list[int], num_primals: int,
-                 grad_tangents: Optional[list] = None, backward_for: Optional[Callable] = None):
+                 backward_for: Callable):
         mask = meta.tangent_mask()
         num_forward_outputs = len(forward_output_vals)
         tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
@@ -167,17 +166,13 @@ class TrainingEntry:
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 args.append(g.contiguous())
             missing = tuple(grads[k] is None for k, m in enumerate(mask) if m)
-            # zeros for the outputs that got no gradient may meet ops eager never runs (0/0)
-            bw = backward_for(missing) if backward_for is not None and any(missing) else compiled_bw
+            # Where outputs got no gradient (the loss does not use them), their zeros may meet
+            # ops eager never runs (0/0), and a gradient computed only from them is None.
+            bw, absent = backward_for(missing) if any(missing) else (compiled_bw, None)
             gs = call_consuming(bw, args, ctx)
             result = [None] * num_primals
-            # A gradient computed only from outputs that got none (the loss does not use them)
-            # is None, as in eager, not zeros.
             for n, (i, g) in enumerate(zip(grad_inputs, gs)):
-                deps = grad_tangents[n] if grad_tangents is not None else ()
-                if deps and all(missing[j] for j in deps):
-                    g = None
-                result[i] = g
+                result[i] = None if absent and absent[n] else g
             return tuple(result)
 
         CompiledFunction.__name__ = "CompiledFunction"
