@@ -22,7 +22,7 @@ from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, placement_key, spec_of
 from .metadata import GraphMeta, collect_metadata
 from .mincut import min_cut_saved
-from .missing_grads import BackwardsByMissing
+from .missing_grads import BackwardsByMissing, caller_writable
 from .partition import default_saved, extract, joint_parts, runtime_checks, split, tensor_bytes
 from .readable import readable
 from .runtime import EagerFallback, InferenceEntry, TrainingEntry
@@ -278,8 +278,9 @@ class AOTCompiled:
                                              len(chosen.saved))
             compiled_bw = self.config.bw_compiler(chosen.backward, bw_examples)
         fw_vals = [n.meta["val"] for n in parts.forward_outputs]
+        writable = caller_writable(chosen.saved, parts.forward_outputs, parts.primals, free)
         backward_for = BackwardsByMissing(chosen.backward, bw_examples, self.config.bw_compiler, compiled_bw,
-                                          layout.num_tangents, self.compile_id)
+                                          layout.num_tangents, self.compile_id, writable)
         return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals,
                              backward_for)
 

@@ -50,6 +50,54 @@ def zero_nodes(backward: torch.fx.GraphModule, num_tangents: int, missing: tuple
     return zero
 
 
+def saved_reader_masks(backward: torch.fx.GraphModule, num_tangents: int) -> list[int]:
+    """For each saved input (the backward's placeholders before its tangents): which
+    tangents reach a node that reads it (bit j for tangent j). A backward whose present
+    gradients miss all of them does not need it, as eager's node for it never runs; a
+    gradient computed without tangents reads it always (every bit)."""
+    phs = placeholders(backward)
+    tangents = phs[len(phs) - num_tangents:]
+    reached = {t: 1 << j for j, t in enumerate(tangents)}
+    for node in backward.graph.nodes:
+        if node.op == "call_function":
+            bits = 0
+            for a in node.all_input_nodes:
+                bits |= reached.get(a, 0)
+            if bits:
+                reached[node] = bits
+    every = (1 << num_tangents) - 1
+    masks = []
+    for saved in phs[:len(phs) - num_tangents]:
+        bits, work, seen = 0, [saved], set()
+        while work:       # through the tangent-free nodes (recomputation) to those that read it
+            for user in work.pop().users:
+                if user in seen:
+                    continue
+                seen.add(user)
+                if user.op == "output":
+                    bits = every
+                elif user in reached:
+                    bits |= reached[user]
+                else:
+                    work.append(user)
+        masks.append(bits)
+    return masks
+
+
+def caller_writable(saved: list, outputs: list, primals: list, parameters: set) -> set[int]:
+    """Which saved nodes the caller can write in place before the backward: the inputs
+    (parameters aside: an optimizer writes them after the backward) and what shares memory
+    with the forward's outputs. The graph's other intermediates are its own."""
+    def base(n):
+        while isinstance(n, torch.fx.Node) and n.op == "call_function" and is_view_op(n.target) and n.args:
+            n = n.args[0]
+        return n
+
+    held = {base(o) for o in outputs if isinstance(o, torch.fx.Node)}
+    held.update(p for p in primals if p not in parameters)
+    return {i for i, n in enumerate(saved) if base(n) in held}
+
+
 def _zero_exact(node: torch.fx.Node) -> bool:
     t = node.target
     if t in _ZERO_EXACT or is_view_op(t):
@@ -120,23 +168,37 @@ def _same_layout(a: torch.fx.Node, b: torch.fx.Node) -> bool:
 class BackwardsByMissing:
     """For each pattern of missing gradients (a tuple of bools, one per tangent): the
     compiled backward to run (the full one where the zeros stay exact, else one compiled
-    now) and which of its results are computed only from missing gradients (those are
-    None, as in eager, not zeros)."""
+    now), which of its results are computed only from missing gradients (those are None,
+    as in eager, not zeros) and which saved inputs it does not need.
+
+    `optional_saved`: the saved inputs that the caller can write in place (`writable`)
+    and some pattern does not need. The runtime keeps them outside autograd's saved
+    tensors, whose version check covers all of them at once: one saved only for an unused
+    output and then written by the caller must not fail a backward that does not read it
+    (eager's node for it never runs; fuzz 345578)."""
 
     def __init__(self, backward: torch.fx.GraphModule, examples: list, compiler: Callable,
-                 full: Callable, num_tangents: int, compile_id):
+                 full: Callable, num_tangents: int, compile_id, writable: set = frozenset()):
         self.backward, self.examples, self.compiler = backward, examples, compiler
         self.num_tangents, self.compile_id = num_tangents, compile_id
         self.by_pattern: dict = {}
         self.full = full
+        self.reader_masks = saved_reader_masks(backward, num_tangents)
+        every = (1 << num_tangents) - 1
+        self.optional_saved = tuple(i for i, bits in enumerate(self.reader_masks) if bits != every and i in writable)
 
     def __call__(self, missing: tuple) -> tuple:
         found = self.by_pattern.get(missing)
         if found is None:
             zero = zero_nodes(self.backward, self.num_tangents, missing)
             absent = tuple(isinstance(o, torch.fx.Node) and o in zero for o in output_nodes(self.backward))
-            found = self.by_pattern[missing] = (self._compile(missing, zero), absent)
+            found = self.by_pattern[missing] = (self._compile(missing, zero), absent, self.unread(missing))
         return found
+
+    def unread(self, missing: tuple) -> frozenset:
+        """The optional saved inputs that a backward with `missing` gradients does not need."""
+        present = sum(1 << j for j, m in enumerate(missing) if not m)
+        return frozenset(i for i in self.optional_saved if not self.reader_masks[i] & present)
 
     def _compile(self, missing: tuple, zero: set) -> Callable:
         if not needs_pruning(zero):

@@ -117,6 +117,7 @@ class TrainingEntry:
         num_forward_outputs = len(forward_output_vals)
         tangent_meta = [(tuple(f.shape), f.dtype, f.device) for f in forward_output_vals]
         nondiff = [k for k, m in enumerate(mask) if not m]
+        optional = backward_for.optional_saved      # saved inputs not every backward needs
 
         class CompiledFunction(torch.autograd.Function):
             @staticmethod
@@ -130,6 +131,9 @@ class TrainingEntry:
                 # Its detached alias has the same memory and is not a view.
                 fw_outs = [o.detach() if isinstance(o, torch.Tensor) and o._is_view() else o for o in fw_outs]
                 is_tensor = [isinstance(s, torch.Tensor) for s in saved]
+                if optional:
+                    saved = list(saved)
+                    ctx.kept = _keep_outside_autograd(saved, is_tensor, optional)
                 ctx.save_for_backward(*[s for s, t in zip(saved, is_tensor) if t])
                 ctx.saved_other = [None if t else s for s, t in zip(saved, is_tensor)]
                 if nondiff:
@@ -154,9 +158,15 @@ class TrainingEntry:
                 return _refuse_double_backward(result) if create_graph else result
 
         def _backward(ctx, grads):
+            missing = tuple(grads[k] is None for k, m in enumerate(mask) if m)
+            # Where outputs got no gradient (the loss does not use them), their zeros may meet
+            # ops eager never runs (0/0), and a gradient computed only from them is None.
+            bw, absent, unread = backward_for(missing) if any(missing) else (compiled_bw, None, ())
             tensors = iter(ctx.saved_tensors)
             args = [next(tensors) if o is None else o for o in ctx.saved_other]
             del tensors
+            if optional:
+                _unkeep(ctx, args, unread)
             for k, m in enumerate(mask):
                 if not m:
                     continue
@@ -165,10 +175,6 @@ class TrainingEntry:
                     shape, dtype, device = tangent_meta[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 args.append(g.contiguous())
-            missing = tuple(grads[k] is None for k, m in enumerate(mask) if m)
-            # Where outputs got no gradient (the loss does not use them), their zeros may meet
-            # ops eager never runs (0/0), and a gradient computed only from them is None.
-            bw, absent = backward_for(missing) if any(missing) else (compiled_bw, None)
             gs = call_consuming(bw, args, ctx)
             result = [None] * num_primals
             for n, (i, g) in enumerate(zip(grad_inputs, gs)):
@@ -183,6 +189,44 @@ class TrainingEntry:
         with _no_autocast():
             outs = self.function.apply(*flat)
         return epilogue(self.meta, flat, outs)
+
+
+_KEPT = object()      # in ctx.saved_other: a saved tensor kept outside autograd (ctx.kept)
+
+
+def _keep_outside_autograd(saved: list, is_tensor: list, optional: tuple) -> dict:
+    """The optional saved tensors, as detached aliases (no grad_fn: no reference cycle
+    through an output) with their versions now, which `_unkeep` checks only where the
+    backward reads them; they leave autograd's saved tensors (`saved`/`is_tensor` edited)."""
+    kept = {}
+    for i in optional:
+        if is_tensor[i]:
+            kept[i] = (saved[i].detach(), saved[i]._version)
+            saved[i], is_tensor[i] = _KEPT, False
+    return kept
+
+
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+
+
+def _unkeep(ctx, args: list, unread: frozenset) -> None:
+    """Put the kept tensors into the backward's arguments, with autograd's checks: a tensor
+    the backward reads must not have been written in place since, and a backward through
+    the graph a second time finds them freed (unless the graph was retained)."""
+    kept = ctx.kept
+    if kept is None:
+        raise RuntimeError("Trying to backward through the graph a second time (or directly access saved "
+                           "tensors after they have already been freed): a compiled graph's saved tensors "
+                           "were freed after the first backward. Specify retain_graph=True the first time.")
+    for i, (t, version) in kept.items():
+        if i not in unread and t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: [{t.type()} {list(t.shape)}], saved by a compiled graph, is at version "
+                f"{t._version}; expected version {version} instead.")
+        args[i] = t
+    if not _keep_graph():
+        ctx.kept = None
 
 
 def call_consuming(compiled: Callable, args: list, ctx) -> Any:
