@@ -104,3 +104,37 @@ def test_mutated_input_saved_for_backward_keeps_its_old_value():
         compiled(x, y).backward()
         torch.testing.assert_close(x.grad, y0 + 1)
         torch.testing.assert_close(y, y0 + 1)
+
+
+
+def test_a_parameters_autocast_copy_is_saved_not_cast_again_in_the_backward():
+    """Under autocast a Linear's weight is cast to bfloat16 for the forward's matmul, and the
+    backward's matmul (the input's gradient) reads that copy again. Min-cut saves the copy:
+    casting again would re-read the float32 weight in every backward."""
+    graphs = {}
+
+    def compiler(name):
+        def c(gm, examples):
+            graphs[name] = gm
+            return gm
+        return c
+
+    model = torch.nn.Linear(16, 32)
+    x = torch.randn(8, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled = aot_compile(torch.fx.symbolic_trace(model), [x], fw_compiler=compiler("fw"),
+                               bw_compiler=compiler("bw"), partitioner="min_cut")
+        compiled(x).float().sum().backward()
+
+    def weight_casts(gm):
+        return [n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default
+                and n.meta["val"].dtype == torch.bfloat16 and tuple(n.meta["val"].shape) == (32, 16)]
+
+    assert weight_casts(graphs["fw"]) and not weight_casts(graphs["bw"])
+    saved = [n.meta["val"] for n in graphs["bw"].graph.nodes if n.op == "placeholder"]
+    assert any(v.dtype == torch.bfloat16 and tuple(v.shape) == (32, 16) for v in saved)
+    grad = x.grad.clone()
+    x.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x).float().sum().backward()
+    torch.testing.assert_close(grad, x.grad)
