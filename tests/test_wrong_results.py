@@ -729,6 +729,34 @@ def test_a_detached_alias_written_with_a_gradient_leaves_the_input_without_one(b
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_detached_alias_written_with_a_gradient_in_the_graph_keeps_the_gradient(backend):
+    """The same write inside one graph: `w.detach().addcmul_(y, y)` returned (fuzz 444319 and
+    six more on inductor). The output was rebuilt after the call as a view of w, which
+    has no gradient history: it came back not requiring grad, and y got no gradient
+    through it. Such a graph now runs eagerly, with the reason logged."""
+    def fn(w, y):
+        return w.detach().addcmul_(y, y, value=0.5)
+
+    def make():
+        g = torch.Generator().manual_seed(56610)
+        return torch.randn(4, generator=g), torch.randn(4, generator=g, dtype=torch.float64).requires_grad_()
+
+    (w0, y0), (w1, y1) = make(), make()
+    expected = fn(w0, y0)
+    with logs("aot") as records:
+        got = engine.compile(fn, backend=backend)(w1, y1)
+    same(got, expected)
+    assert got.untyped_storage().data_ptr() == w1.untyped_storage().data_ptr()
+    torch.testing.assert_close(w1, w0)
+    assert not w1.requires_grad
+    expected.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(y1.grad, y0.grad)
+    if backend != "eager":
+        assert any("detached alias of input 0 written in place" in line for line in records)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_data_dependent_size_is_read_before_an_in_place_transpose(backend):
     """`t = y[y[:, 0] > 0]` (u0 rows), `t.transpose_(0, 1)`, then `torch.eye(t.shape[-1])`
     (fuzz 328441): the graph read u0 as dim 0 of t after the transpose, which is 1. Sizes

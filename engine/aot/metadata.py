@@ -200,9 +200,15 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
             # autograd's views all point at their root base; a detach() starts a new root
             arg = f_args[base]
             root = arg._base if arg._is_view() else arg
+            detached = not (leaf._is_view() and leaf._base is root)
+            if detached and rg:
+                # `t = w.detach(); t.mul_(y); return t`: t shares w's memory and has the write's
+                # gradient history, w has neither; a view of w rebuilt after the call cannot
+                # carry that history (fuzz 444319: t came back without requires_grad)
+                fallback = fallback or (f"output {j} is a detached alias of input {base} written in place "
+                                        "with a value that requires grad")
             outputs.append(OutputInfo("alias", index=base, size=tuple(leaf.shape), stride=tuple(leaf.stride()),
-                                      storage_offset=leaf.storage_offset(), requires_grad=rg,
-                                      detached=not (leaf._is_view() and leaf._base is root)))
+                                      storage_offset=leaf.storage_offset(), requires_grad=rg, detached=detached))
             continue
         dup = next((k for k, prev in enumerate(graph_fakes) if prev is leaf), None)
         if dup is None:
