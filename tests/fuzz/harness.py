@@ -1,5 +1,6 @@
 # ---- fuzz harness (tests/fuzz/harness.py): run one call, snapshot it, compare two snapshots ----
 # Self-contained (torch only): the runner imports it, and every repro script carries a copy.
+import contextlib
 import math
 
 import torch
@@ -122,14 +123,88 @@ def float64_source(src):
     return src.replace(".float()", ".double()")
 
 
-def float64_run(ns, fn, calls, upto, global_names):
+def float64_run(ns, fn, calls, upto, global_names, ties=None):
     """Calls 0..upto of the program in float64 (fn: the program's fn in the fresh namespace
-    `ns`, or its compiled form): the result of call `upto`, or None where a call raises."""
-    for mk in calls[:upto + 1]:
-        r = run_call(ns, fn, mk, global_names, float64=True)
-        if "error" in r:
-            return None
+    `ns`, or its compiled form): the result of call `upto`, or None where a call raises.
+    ties: a RoundingTies that records the branches rounding decides."""
+    with ties if ties is not None else contextlib.nullcontext():
+        for mk in calls[:upto + 1]:
+            r = run_call(ns, fn, mk, global_names, float64=True)
+            if "error" in r:
+                return None
     return r
+
+
+# A one-element float compared with a value it equals to this (relative) precision in float64,
+# or read as a number this close to 0, is 0 in exact arithmetic (the sum of a LayerNorm's
+# output, the mean of a symmetric BatchNorm): a branch on it goes whichever way rounding takes
+# it. Random programs do not come this close by chance: float64 carries 16 digits.
+TIE = 1e-9
+_COMPARISONS = {torch.Tensor.__gt__, torch.Tensor.__lt__, torch.Tensor.__ge__, torch.Tensor.__le__,
+                torch.Tensor.gt, torch.Tensor.lt, torch.Tensor.ge, torch.Tensor.le, torch.gt, torch.lt, torch.ge, torch.le}
+_TO_NUMBER = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.tolist}
+
+
+class RoundingTies(torch.overrides.TorchFunctionMode):
+    """Finds, and then flips, the branches that rounding decides. Recording (flip=None, the
+    float64 run): `found` lists the comparisons and number reads of a one-element float
+    within TIE, each as (site, what), a site being (line, how many such calls that line made
+    before). Flipping (flip=site, a float32 run): that one call answers the other way (a
+    comparison negated; a number read negated, 0 read as -1e-30 or, with up=True, 1e-30)."""
+
+    def __init__(self, flip=None, up=False):
+        super().__init__()
+        self.found, self.flip, self.up, self.seen = [], flip, up, {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        a = args[0] if args else None
+        if not (func in _COMPARISONS or func in _TO_NUMBER) or not (
+                isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() == 1):
+            return out
+        site = self._site()
+        if func in _COMPARISONS:
+            b = args[1] if len(args) == 2 else None
+            if not isinstance(b, (int, float, torch.Tensor)) or (isinstance(b, torch.Tensor) and b.numel() != 1):
+                return out
+            if site == self.flip:
+                return out.logical_not()
+            x, y = float(a), float(b)
+            if abs(x - y) <= TIE * max(1.0, abs(x), abs(y)):
+                self.found.append((site, f"line {site[0]} compares {x:.3g} with {y:.3g}"))
+        elif site == self.flip:
+            v = float(a)
+            v = -v if v else (1e-30 if self.up else -1e-30)
+            return (not out) if func is torch.Tensor.__bool__ else ([v] if isinstance(out, list) else v)
+        elif abs(float(a)) <= TIE:
+            self.found.append((site, f"line {site[0]} reads {float(a):.3g} as a number"))
+        return out
+
+    def _site(self):
+        import sys
+        f = sys._getframe(2)
+        while f is not None and not f.f_code.co_filename.startswith("<"):
+            f = f.f_back
+        line = f.f_lineno if f is not None else 0
+        n = self.seen[line] = self.seen.get(line, -1) + 1
+        return line, n
+
+
+def branch_noise(ns_fresh, calls, upto, global_names, eager, compiled, ties):
+    """Does eager's float32 run give the compiled result once one branch that rounding decides
+    (found by `ties` in the float64 run) goes the other way? Its description, or None.
+    ns_fresh(): a fresh namespace of the program, for each rerun."""
+    for site, what in ties.found[:4]:
+        for up in (False, True):
+            ns = ns_fresh()
+            with RoundingTies(flip=site, up=up):
+                for mk in calls[:upto + 1]:
+                    r = run_call(ns, ns["fn"], mk, global_names)
+                    if "error" in r:
+                        break
+            if "error" not in r and compare(r, compiled) is None and compare(r, eager) is not None:
+                return what
+    return None
 
 
 # A float mismatch is rounding noise, not a wrong result, when the compiled value is no

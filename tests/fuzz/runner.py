@@ -9,9 +9,10 @@ with changed inputs differs: guards that should have failed did not, or a recomp
 wrong); crash (the compiled function raised where eager did not; its first line is
 kept); eager-error (eager raised: skipped; the generator already drops such programs);
 noise (float values differ, but the program run in float64, eagerly and compiled, agrees:
-rounding, amplified by an ill-conditioned program; counted, not a failure). A float
-difference where the compiled value is as close to the float64 result as eager's own is
-passes."""
+rounding, amplified by an ill-conditioned program; or a branch on a value that is 0 in
+exact arithmetic, which eager takes the compiled way once flipped; counted, not a
+failure). A float difference where the compiled value is as close to the float64 result
+as eager's own is passes."""
 
 from __future__ import annotations
 
@@ -169,9 +170,13 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
     - (None, d) where not, but compiled and eager agree in float64: the same arithmetic,
       rounded differently (ill-conditioned programs: a BatchNorm of equal rows, a gradient
       that is 0 mathematically); the "noise" category, counted apart from the failures;
-    - (d, None) where the compiled float64 run differs too: a wrong (or stale) result."""
+    - (None, d) too where the float64 eager run branches on a value that is 0 in exact
+      arithmetic (harness.RoundingTies), and eager, that branch taken the other way, gives
+      the compiled result: rounding picked the branch;
+    - (d, None) otherwise: a wrong (or stale) result."""
     ns_e, calls_e, _ = gen.load(prog, harness.float64_source(prog.source()), tag="float64-eager")
-    ref = harness.float64_run(ns_e, ns_e["fn"], calls_e, i, gnames)
+    ties = harness.RoundingTies()
+    ref = harness.float64_run(ns_e, ns_e["fn"], calls_e, i, gnames, ties)
     d = harness.compare(e, c, ref)
     if d is None or ref is None or "values differ" not in d[1]:
         return d, None
@@ -179,10 +184,15 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
     try:
         ref_c = harness.float64_run(ns_c, compiler(impl, backend)(ns_c["fn"]), calls_c, i, gnames)
     except Exception:  # noqa: BLE001
-        return d, None
-    if ref_c is None or harness.compare(ref, ref_c):
-        return d, None
-    return None, d
+        ref_c = None
+    if ref_c is not None and not harness.compare(ref, ref_c):
+        return None, d
+    flipped = ties.found and harness.branch_noise(lambda: gen.load(prog, tag="flipped")[0], calls_e, i, gnames,
+                                                  e, c, ties)
+    if flipped:
+        return None, (d[0], f"{d[1]}\n  a branch rounding decides: in float64 {flipped}; "
+                            f"taken the other way, eager gives the compiled result")
+    return d, None
 
 
 def _tb(e):
@@ -290,6 +300,12 @@ HARNESS_SRC = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "har
 
 REPRO_MAIN = '''
 
+def _load(src):
+    ns = {"__name__": "prog_flipped"}
+    exec(compile(src, "<fuzz-program>", "exec"), ns)
+    return ns
+
+
 def main(impl):
     import linecache
     linecache.cache["<fuzz-program>"] = (len(SRC), None, SRC.splitlines(True), "<fuzz-program>")
@@ -314,12 +330,18 @@ def main(impl):
             ns_r, ns_rc = {"__name__": "prog_float64"}, {"__name__": "prog_float64_compiled"}
             exec(compile(float64_source(SRC), "<fuzz-program>", "exec"), ns_r)
             exec(compile(float64_source(SRC), "<fuzz-program>", "exec"), ns_rc)
-            ref = float64_run(ns_r, ns_r["fn"], CALLS, i, GLOBALS)
+            ties = RoundingTies()
+            ref = float64_run(ns_r, ns_r["fn"], CALLS, i, GLOBALS, ties)
             d = compare(e, c, ref)
             if d and ref is not None:
                 ref_c = float64_run(ns_rc, compile_fn(ns_rc["fn"], backend=BACKEND), CALLS, i, GLOBALS)
                 if ref_c is not None and compare(ref, ref_c) is None:
                     print(f"call {i}: rounding noise ({d[0]}): {d[1]}\\n  (in float64, compiled and eager agree)")
+                    return 0
+                flipped = branch_noise(lambda: _load(SRC), CALLS, i, GLOBALS, e, c, ties)
+                if flipped:
+                    print(f"call {i}: rounding noise ({d[0]}): {d[1]}\\n  (a branch rounding decides: in float64 "
+                          f"{flipped}; taken the other way, eager gives the compiled result)")
                     return 0
         if d:
             print(f"call {i}: MISMATCH ({d[0]}): {d[1]}")
@@ -432,7 +454,7 @@ def summarize(results, backend, compare):
         lines.append(f"failures ({len(fails)}):")
         lines += [f"  seed {r.seed}: {r.engine.line()}  [{r.repro}]" for r in fails]
     noise = [r for r in results if r.engine.category == "noise"]
-    lines.append(f"rounding noise, the float64 runs agreeing ({len(noise)}):")
+    lines.append(f"rounding noise, the float64 runs agreeing or a branch rounding decides ({len(noise)}):")
     lines += [f"  seed {r.seed}: {r.engine.line()}" for r in noise]
     kinds = {}
     for r in fails:
