@@ -27,7 +27,8 @@ from tests.fuzz import gen, harness, runner  # noqa: E402
 CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor", range(2000, 2008))]
 
 
-# programs that once gave a wrong or stale result, each with the backend it failed on
+# programs that once gave a wrong or stale result (or a crash of ours alone), each with the
+# backend it failed on
 FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that is y: now a graph break
          (404034, "inductor"),    # the std of one silu'd element: inf where eager gives nan
          (405199, "inductor"),    # torch.tensor([...]) handed over a break as the graph's constant itself
@@ -54,7 +55,8 @@ FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that i
          # min-cut saved an input only to recompute a forward op, and the caller then wrote it
          (425449, "inductor"), (420327, "inductor"),
          (345578, "aot_eager"),   # a tensor saved only for an unused output, then written by the caller
-         (444319, "inductor")]    # w.detach().addcmul_(y, y) returned: rebuilt as a view of w, no gradient
+         (444319, "inductor"),    # w.detach().addcmul_(y, y) returned: rebuilt as a view of w, no gradient
+         (451298, "inductor")]    # a LayerNorm output saved for its backward, then written under no_grad
 
 
 @pytest.mark.parametrize("seed,backend", FIXED)

@@ -932,3 +932,26 @@ def test_a_second_backward_through_a_graph_with_an_optional_saved_tensor(backend
         z.sum().backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_layer_norm_output_the_caller_writes_under_no_grad_still_backpropagates(backend):
+    """A LayerNorm without weights returned, then scaled in place under no_grad (fuzz 451298).
+    Eager's LayerNorm saves its input and statistics, not its output, and the backward runs.
+    Its decomposed backward recomputes the normalized input; merged with the returned output
+    as a common subexpression, the output was saved, and the caller's write failed the
+    backward. A returned node is no longer the representative of another."""
+    def fn(x, lin):
+        return F.layer_norm(lin(x), x.shape[-1:])
+
+    x = torch.randn(4, 5)
+    lin0 = torch.nn.Linear(5, 5)
+    lin1 = copy.deepcopy(lin0)
+    y0, y1 = fn(x, lin0), engine.compile(fn, backend=backend)(x, lin1)
+    with torch.no_grad():
+        y0.mul_(-1)
+        y1.mul_(-1)
+    (y0 * torch.arange(5.0)).sum().backward()
+    (y1 * torch.arange(5.0)).sum().backward()
+    torch.testing.assert_close(y1, y0)
+    torch.testing.assert_close(lin1.weight.grad, lin0.weight.grad)

@@ -9,8 +9,11 @@ replaced by the earlier before the partitioner chooses what to save.
 
 Not merged: ops that write (`Tensor(a!)`), draw random numbers, or return uninitialised
 memory; nodes of an activation checkpoint with nodes outside it (they are recomputed, the
-others saved); and a node the graph returns (or returns a view of), so that two outputs
-that are two tensors in eager stay two tensors."""
+others saved); and a node the graph returns (or returns a view of), neither into another
+node nor another into it: two outputs that are two tensors in eager stay two tensors, and
+the backward never reads a tensor the caller holds unless eager's backward does (LayerNorm's
+backward recomputes its normalized input; merged with a returned LayerNorm output, it was
+saved, and a caller writing that output under no_grad broke a backward that eager runs)."""
 
 from __future__ import annotations
 
@@ -81,7 +84,7 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
             continue
         key = (node.target, args, kwargs, node.meta.get("recompute"))
         first = seen.get(key)
-        if first is None:
+        if first is None or (first in keep and node not in keep):
             seen[key] = node
         elif node not in keep:
             rep[node] = first
