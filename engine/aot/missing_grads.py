@@ -33,31 +33,10 @@ _ZERO_EXACT = {aten.add.Tensor, aten.sub.Tensor, aten.neg.default, aten.clone.de
                aten.slice_scatter.default, aten.select_scatter.default, operator.getitem}
 
 
-def zero_nodes(backward: torch.fx.GraphModule, num_tangents: int, missing: tuple) -> set:
-    """The nodes whose value is zero when the `missing` tangents are: the backward is linear
-    in its tangents, so a node computed only from missing ones contributes nothing."""
-    tangents = placeholders(backward)[-num_tangents:] if num_tangents else []
-    zero = {t for t, m in zip(tangents, missing) if m}
-    dependent = set(tangents)
-    for node in backward.graph.nodes:
-        if node.op != "call_function":
-            continue
-        inputs = [a for a in node.all_input_nodes if a in dependent]
-        if inputs:
-            dependent.add(node)
-            if all(a in zero for a in inputs):
-                zero.add(node)
-    return zero
-
-
-def saved_reader_masks(backward: torch.fx.GraphModule, num_tangents: int) -> list[int]:
-    """For each saved input (the backward's placeholders before its tangents): which
-    tangents reach a node that reads it (bit j for tangent j). A backward whose present
-    gradients miss all of them does not need it, as eager's node for it never runs; a
-    gradient computed without tangents reads it always (every bit)."""
+def tangent_reach(backward: torch.fx.GraphModule, num_tangents: int) -> dict:
+    """For each backward node that some tangent reaches: which ones (bit j for tangent j)."""
     phs = placeholders(backward)
-    tangents = phs[len(phs) - num_tangents:]
-    reached = {t: 1 << j for j, t in enumerate(tangents)}
+    reached = {t: 1 << j for j, t in enumerate(phs[len(phs) - num_tangents:])}
     for node in backward.graph.nodes:
         if node.op == "call_function":
             bits = 0
@@ -65,6 +44,23 @@ def saved_reader_masks(backward: torch.fx.GraphModule, num_tangents: int) -> lis
                 bits |= reached.get(a, 0)
             if bits:
                 reached[node] = bits
+    return reached
+
+
+def zero_nodes(reached: dict, missing: tuple) -> set:
+    """The nodes whose value is zero when the `missing` tangents are (reached: tangent_reach):
+    the backward is linear in its tangents, so a node that only missing ones reach
+    contributes nothing."""
+    present = sum(1 << j for j, m in enumerate(missing) if not m)
+    return {n for n, bits in reached.items() if not bits & present}
+
+
+def saved_reader_masks(backward: torch.fx.GraphModule, num_tangents: int, reached: dict) -> list[int]:
+    """For each saved input (the backward's placeholders before its tangents): which
+    tangents reach a node that reads it (bit j for tangent j; reached: tangent_reach). A
+    backward whose present gradients miss all of them does not need it, as eager's node for
+    it never runs; a gradient computed without tangents reads it always (every bit)."""
+    phs = placeholders(backward)
     every = (1 << num_tangents) - 1
     masks = []
     for saved in phs[:len(phs) - num_tangents]:
@@ -183,14 +179,15 @@ class BackwardsByMissing:
         self.num_tangents, self.compile_id = num_tangents, compile_id
         self.by_pattern: dict = {}
         self.full = full
-        self.reader_masks = saved_reader_masks(backward, num_tangents)
+        self.reached = tangent_reach(backward, num_tangents)
+        self.reader_masks = saved_reader_masks(backward, num_tangents, self.reached)
         every = (1 << num_tangents) - 1
         self.optional_saved = tuple(i for i, bits in enumerate(self.reader_masks) if bits != every and i in writable)
 
     def __call__(self, missing: tuple) -> tuple:
         found = self.by_pattern.get(missing)
         if found is None:
-            zero = zero_nodes(self.backward, self.num_tangents, missing)
+            zero = zero_nodes(self.reached, missing)
             absent = tuple(isinstance(o, torch.fx.Node) and o in zero for o in output_nodes(self.backward))
             found = self.by_pattern[missing] = (self._compile(missing, zero), absent, self.unread(missing))
         return found
