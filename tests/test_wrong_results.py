@@ -955,3 +955,24 @@ def test_a_layer_norm_output_the_caller_writes_under_no_grad_still_backpropagate
     (y1 * torch.arange(5.0)).sum().backward()
     torch.testing.assert_close(y1, y0)
     torch.testing.assert_close(lin1.weight.grad, lin0.weight.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_returned_before_its_base_is_written_through_another_view_across_a_break(backend):
+    """`t6 = t3.unsqueeze(0)`, then `t3[1:][mask] = 1`, a break at the 0-d mask (fuzz 375436).
+    The graph returns t6 and t3[1:] (not t3): both are rebuilt as views of t3, kept as a
+    hidden output. t3[1:] was rebuilt as a view of the graph's own tensor for t6 instead,
+    outside that family: the write after the break never reached t6's gradient, and x got
+    y's gradient where eager's is 0."""
+    def fn(x, y):
+        t3 = x * y
+        t6 = t3.unsqueeze(0)
+        t3[1:][y > 0] = 1
+        return t6
+
+    x0 = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    x1 = x0.detach().clone().requires_grad_()
+    y = torch.tensor(0.7)
+    fn(x0, y).sum().backward()
+    engine.compile(fn, backend=backend)(x1, y).sum().backward()
+    torch.testing.assert_close(x1.grad, x0.grad)

@@ -180,6 +180,7 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
     outputs: list[OutputInfo] = []
     graph_leaves: list[int] = []
     graph_fakes: list[torch.Tensor] = []
+    roots: set[int] = set()    # graph outputs handed out as themselves (not only a rebuilt view's fallback)
     fallback = None
     for j, leaf in enumerate(leaves):
         if not isinstance(leaf, torch.Tensor):
@@ -217,11 +218,16 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
             graph_leaves.append(j)
         # (not of an output that does not require grad where this one does: a view of it
         # could not carry this output's gradient, as in `y = x @ w; return y.detach().relu_(), y`)
-        owner = next((k for k, prev in enumerate(graph_fakes[:dup]) if _owns_storage(prev)
+        # (nor of an earlier output that is itself rebuilt as a view: the graph's tensor for it is
+        # only a fallback, outside the view family; fuzz 375436: `t6 = t3.unsqueeze(0)` and
+        # t3[1:] returned, t3 not, then t3[1:] written in place, and t6's gradient missed it)
+        owner = next((k for k, prev in enumerate(graph_fakes[:dup]) if k in roots and _owns_storage(prev)
                       and StorageWeakRef(prev.untyped_storage()) == ref and prev.dtype == leaf.dtype
                       and (prev.requires_grad or not rg)), None)
         if owner is None:
             owner = _intermediate_base(leaf, j, leaves, ref, rg, graph_fakes, graph_leaves)
+            if owner is not None:
+                roots.add(owner)
         base_layout = (tuple(graph_fakes[owner].shape), tuple(graph_fakes[owner].stride())) if owner is not None else ()
         if owner is not None:
             # A view of another output (`return y, y.view(-1)`): rebuilt as a real view of
@@ -230,6 +236,7 @@ def _describe_outputs(leaves: list, f_args: list, storages: list):
                                       stride=tuple(leaf.stride()), storage_offset=leaf.storage_offset(),
                                       requires_grad=rg, fallback_index=dup, base_layout=base_layout))
             continue
+        roots.add(dup)
         outputs.append(OutputInfo("graph", index=dup, requires_grad=rg))
     return outputs, graph_leaves, graph_fakes, fallback
 
