@@ -143,20 +143,30 @@ TIE = 1e-9
 _COMPARISONS = {torch.Tensor.__gt__, torch.Tensor.__lt__, torch.Tensor.__ge__, torch.Tensor.__le__,
                 torch.Tensor.gt, torch.Tensor.lt, torch.Tensor.ge, torch.Tensor.le, torch.gt, torch.lt, torch.ge, torch.le}
 _TO_NUMBER = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, torch.Tensor.tolist}
+# The maximum of 0.0 and -0.0 is not defined by eager either: its scalar loop returns the
+# first, its vector loop the second (torch.maximum of 8 such pairs gives 0.0, of 16 -0.0).
+# The sign shows where a later op reads it (atan2, a division): a tie eager may break either way.
+_EXTREMES = {torch.maximum, torch.minimum, torch.Tensor.maximum, torch.Tensor.minimum,
+             torch.max, torch.min, torch.Tensor.max, torch.Tensor.min}
 
 
 class RoundingTies(torch.overrides.TorchFunctionMode):
-    """Finds, and then flips, the branches that rounding decides. Recording (flip=None, the
-    float64 run): `found` lists the comparisons and number reads of a one-element float
-    within TIE, each as (site, what), a site being (line, how many such calls that line made
+    """Finds, and then flips, the branches that rounding decides, and the signed-zero ties of
+    maximum and minimum. Recording (flip=None, the float64 run): `found` lists the
+    comparisons and number reads of a one-element float within TIE and the extremes of 0.0
+    and -0.0, each as (site, what), a site being (line, how many such calls that line made
     before). Flipping (flip=site, a float32 run): that one call answers the other way (a
-    comparison negated; a number read negated, 0 read as -1e-30 or, with up=True, 1e-30)."""
+    comparison negated; a number read negated, 0 read as -1e-30 or, with up=True, 1e-30;
+    the tied zeros of an extreme given the other sign)."""
 
     def __init__(self, flip=None, up=False):
         super().__init__()
         self.found, self.flip, self.up, self.seen = [], flip, up, {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _EXTREMES and len(args) == 2 and all(
+                isinstance(t, torch.Tensor) and t.is_floating_point() for t in args):
+            return self._extreme(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
         a = args[0] if args else None
         if not (func in _COMPARISONS or func in _TO_NUMBER) or not (
@@ -171,14 +181,33 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
                 return out.logical_not()
             x, y = float(a), float(b)
             if abs(x - y) <= TIE * max(1.0, abs(x), abs(y)):
-                self.found.append((site, f"line {site[0]} compares {x:.3g} with {y:.3g}"))
+                self.found.append((site, f"a branch rounding decides: line {site[0]} compares {x:.3g} with {y:.3g} "
+                                         "in float64"))
         elif site == self.flip:
             v = float(a)
             v = -v if v else (1e-30 if self.up else -1e-30)
             return (not out) if func is torch.Tensor.__bool__ else ([v] if isinstance(out, list) else v)
         elif abs(float(a)) <= TIE:
-            self.found.append((site, f"line {site[0]} reads {float(a):.3g} as a number"))
+            self.found.append((site, f"a branch rounding decides: line {site[0]} reads {float(a):.3g} as a "
+                                     "number in float64"))
         return out
+
+    def _extreme(self, func, args, kwargs):
+        a, b = args
+        ties = (a == 0) & (b == 0) & (torch.signbit(a) != torch.signbit(b))   # before out= writes b
+        out = func(*args, **kwargs)
+        site = self._site()
+        if not bool(ties.any()):
+            return out
+        if site != self.flip:
+            self.found.append((site, f"a tie eager breaks either way: line {site[0]} takes the "
+                                     f"{func.__name__} of 0.0 and -0.0"))
+            return out
+        with torch.no_grad():
+            flipped = torch.where(ties, -out.detach(), out.detach())
+            if kwargs.get("out") is not None:
+                return out.copy_(flipped)
+        return flipped - (out.detach() - out)     # the other zero, with out's gradient
 
     def _site(self):
         import sys
@@ -191,8 +220,9 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
 
 
 def branch_noise(ns_fresh, calls, upto, global_names, eager, compiled, ties):
-    """Does eager's float32 run give the compiled result once one branch that rounding decides
-    (found by `ties` in the float64 run) goes the other way? Its description, or None.
+    """Does eager's float32 run give the compiled result once one branch that rounding decides,
+    or one signed-zero tie (found by `ties` in the float64 run), goes the other way? Its
+    description, or None.
     ns_fresh(): a fresh namespace of the program, for each rerun."""
     for site, what in ties.found[:4]:
         for up in (False, True):

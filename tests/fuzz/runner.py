@@ -10,9 +10,10 @@ wrong); crash (the compiled function raised where eager did not; its first line 
 kept); eager-error (eager raised: skipped; the generator already drops such programs);
 noise (float values differ, but the program run in float64, eagerly and compiled, agrees:
 rounding, amplified by an ill-conditioned program; or a branch on a value that is 0 in
-exact arithmetic, which eager takes the compiled way once flipped; counted, not a
-failure). A float difference where the compiled value is as close to the float64 result
-as eager's own is passes."""
+exact arithmetic, or a maximum of 0.0 and -0.0 (eager's own loops break that tie both
+ways), which eager takes the compiled way once flipped; counted, not a failure). A float
+difference where the compiled value is as close to the float64 result as eager's own is
+passes."""
 
 from __future__ import annotations
 
@@ -171,8 +172,8 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
       rounded differently (ill-conditioned programs: a BatchNorm of equal rows, a gradient
       that is 0 mathematically); the "noise" category, counted apart from the failures;
     - (None, d) too where the float64 eager run branches on a value that is 0 in exact
-      arithmetic (harness.RoundingTies), and eager, that branch taken the other way, gives
-      the compiled result: rounding picked the branch;
+      arithmetic, or takes the maximum of 0.0 and -0.0 (harness.RoundingTies), and eager,
+      that one taken the other way, gives the compiled result;
     - (d, None) otherwise: a wrong (or stale) result."""
     ns_e, calls_e, _ = gen.load(prog, harness.float64_source(prog.source()), tag="float64-eager")
     ties = harness.RoundingTies()
@@ -190,8 +191,7 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
     flipped = ties.found and harness.branch_noise(lambda: gen.load(prog, tag="flipped")[0], calls_e, i, gnames,
                                                   e, c, ties)
     if flipped:
-        return None, (d[0], f"{d[1]}\n  a branch rounding decides: in float64 {flipped}; "
-                            f"taken the other way, eager gives the compiled result")
+        return None, (d[0], f"{d[1]}\n  {flipped}; taken the other way, eager gives the compiled result")
     return d, None
 
 
@@ -340,8 +340,8 @@ def main(impl):
                     return 0
                 flipped = branch_noise(lambda: _load(SRC), CALLS, i, GLOBALS, e, c, ties)
                 if flipped:
-                    print(f"call {i}: rounding noise ({d[0]}): {d[1]}\\n  (a branch rounding decides: in float64 "
-                          f"{flipped}; taken the other way, eager gives the compiled result)")
+                    print(f"call {i}: rounding noise ({d[0]}): {d[1]}\\n  ({flipped}; taken the other way, "
+                          "eager gives the compiled result)")
                     return 0
         if d:
             print(f"call {i}: MISMATCH ({d[0]}): {d[1]}")
@@ -454,7 +454,7 @@ def summarize(results, backend, compare):
         lines.append(f"failures ({len(fails)}):")
         lines += [f"  seed {r.seed}: {r.engine.line()}  [{r.repro}]" for r in fails]
     noise = [r for r in results if r.engine.category == "noise"]
-    lines.append(f"rounding noise, the float64 runs agreeing or a branch rounding decides ({len(noise)}):")
+    lines.append(f"rounding noise: the float64 runs agree, or a tie eager breaks either way ({len(noise)}):")
     lines += [f"  seed {r.seed}: {r.engine.line()}" for r in noise]
     kinds = {}
     for r in fails:
