@@ -135,6 +135,7 @@ def run_steps(model: torch.nn.Module, fn, entry, inputs, mode: str, calls: int =
     """Run `fn` (eager or compiled) `calls` times; the snapshots to compare after each
     call, and each call's wall time."""
     records, times = [], []
+    torch.manual_seed(0)    # a model that draws random numbers draws the same ones in each run
     if mode == "infer":
         for _ in range(calls):
             t0 = time.perf_counter()

@@ -1,15 +1,18 @@
-"""Beyond the zoo: every causal-LM architecture transformers ships, built from one tiny
+"""Beyond the zoo: every architecture of a transformers task family, built from one tiny
 config, through the zoo's runner.
 
-    python -m tests.zoo.sweep [--only llama,qwen2] [--max-params 20e6] [--shard i/n] [runner options]
+    python -m tests.zoo.sweep [--family causal-lm] [--only llama,qwen2] [--max-params 20e6] [--shard i/n]
+                              [runner options]
 
 The zoo (models.py) holds hand-written configs for a few models; users compile the rest.
-This builds each `model_type` of transformers' causal-LM auto mapping from its config
-class with the same small sizes set through the standard names (hidden_size,
-num_hidden_layers, ...: a config's attribute_map turns them into its own), drops models
-that do not build that way or stay over --max-params, and runs the others exactly as the
-zoo runs its own entries (`python -m tests.zoo --help` lists the runner's options:
---backend, --mode, --compare, --json, ...). Entries are named `hf:<model_type>`.
+This builds each `model_type` of a transformers auto mapping (--family: causal-lm,
+masked-lm, image-classification) from its config class with the same small sizes set
+through the standard names (hidden_size, num_hidden_layers, image_size, ...: a config's
+attribute_map turns them into its own; a name a config rejects is left at its default),
+drops models that do not build that way or stay over --max-params, and runs the others
+exactly as the zoo runs its own entries (`python -m tests.zoo --help` lists the runner's
+options: --backend, --mode, --compare, --json, ...). Entries are named `hf:<model_type>`
+(causal LMs), `hf-mlm:<model_type>` and `hf-img:<model_type>`.
 """
 
 from __future__ import annotations
@@ -38,19 +41,45 @@ TINY = dict(
     pad_token_id=0, bos_token_id=1, eos_token_id=2, use_cache=False,
 )
 
+# and for vision models: patches of a 32-pixel image; then, for models built in stages
+# (ConvNeXt, Swin, ...), two small stages, or where a config takes those names otherwise
+# (ViT's embed_dim is its hidden size), the standard names alone
+TINY_IMAGE = dict(TINY, image_size=models.IMAGE, patch_size=8, num_channels=3, num_labels=5, encoder_stride=8)
+TINY_VISION = [dict(TINY_IMAGE, depths=[1, 1], hidden_sizes=[16, 32], embed_dim=16, num_heads=[2, 2],
+                    embed_dims=[16, 32], dims=[16, 32], window_size=4, mlp_ratio=2.0), TINY_IMAGE]
 
-def _builder(model_type: str, class_name: str):
+
+def _config(cls, candidates: list):
+    """cls(**sizes) for the first of the candidate size sets it takes, leaving at its
+    default each size the config's validation rejects by name (a list where it takes one
+    number, a float where it takes an int)."""
+    for sizes in candidates:
+        # a size some configs derive (a read-only property there) is left to them
+        sizes = {k: v for k, v in sizes.items() if not isinstance(getattr(cls, k, None), property)}
+        for _ in range(8):
+            try:
+                return cls(**sizes)
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                rejected = [k for k in sizes if f"'{k}'" in first]
+                if not rejected:
+                    break
+                sizes = {k: v for k, v in sizes.items() if k not in rejected}
+    raise error
+
+
+def _builder(model_type: str, class_name: str, tiny: list = (TINY,)):
     def build():
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
         cls = CONFIG_MAPPING[model_type]
-        # a size some configs derive (a read-only property there) is left to them
-        config = cls(**{k: v for k, v in TINY.items() if not isinstance(getattr(cls, k, None), property)})
+        config = _config(cls, tiny)
         if getattr(cls, "kv_lora_rank", None):   # latent attention (MLA) expands the KV to every head
             config.num_key_value_heads = config.num_attention_heads
-        for k, v in config.to_dict().items():   # every dropout and router jitter off, whatever its name
-            if ("dropout" in k or "pdrop" in k or "jitter" in k) and isinstance(v, float) and v > 0:
+        for k, v in config.to_dict().items():   # every dropout, drop path and router jitter off, whatever its name
+            if ("drop" in k or "jitter" in k) and isinstance(v, float) and v > 0:
                 setattr(config, k, 0.0)
         return getattr(transformers, class_name)(config)
     return build
@@ -62,19 +91,44 @@ def _lm_inputs(model, gen):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
 
 
-def causal_lm_entries(only=(), max_params: float = 20e6, out=sys.stderr) -> list[str]:
-    """Register an entry per buildable causal-LM architecture; the names registered."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def _mlm_inputs(model, gen):
+    inputs = _lm_inputs(model, gen)
+    labels = torch.full_like(inputs["input_ids"], -100)
+    labels[:, ::4] = inputs["input_ids"][:, ::4]     # predict every fourth token
+    return {**inputs, "labels": labels}
 
+
+def _image_inputs(model, gen):
+    labels = torch.randint(0, model.config.num_labels, (models.BATCH,), generator=gen)
+    return {"pixel_values": torch.randn(models.BATCH, 3, models.IMAGE, models.IMAGE, generator=gen), "labels": labels}
+
+
+def _family(name: str):
+    """(auto mapping of model types to class names, entry prefix, candidate tiny sizes, inputs)."""
+    from transformers.models.auto import modeling_auto as auto
+
+    return {"causal-lm": (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "hf", [TINY], _lm_inputs),
+            "masked-lm": (auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "hf-mlm", [TINY], _mlm_inputs),
+            "image-classification": (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, "hf-img", TINY_VISION,
+                                     _image_inputs)}[name]
+
+
+FAMILIES = ("causal-lm", "masked-lm", "image-classification")
+
+
+def family_entries(only=(), max_params: float = 20e6, out=sys.stderr, family: str = "causal-lm") -> list[str]:
+    """Register an entry per buildable architecture of `family`; the names registered."""
     import transformers
 
+    mapping, prefix, tiny, inputs = _family(family)
     transformers.logging.set_verbosity_error()
     names = []
-    for model_type, class_name in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items()):
+    for model_type, class_name in sorted(mapping.items()):
         if only and model_type not in only:
             continue
-        name = f"hf:{model_type}"
-        build = _builder(model_type, class_name)
+        class_name = class_name[0] if isinstance(class_name, tuple) else class_name
+        name = f"{prefix}:{model_type}"
+        build = _builder(model_type, class_name, tiny)
         try:
             with torch.device("meta"):   # sized without allocating (a default may be huge)
                 n = sum(p.numel() for p in build().parameters())
@@ -85,7 +139,7 @@ def causal_lm_entries(only=(), max_params: float = 20e6, out=sys.stderr) -> list
         if n > max_params:
             print(f"sweep: {name} ({class_name}) skipped: {n / 1e6:.1f}M parameters", file=out)
             continue
-        entry = models.Entry(name, build, _lm_inputs)
+        entry = models.Entry(name, build, inputs)
         models.ENTRIES.append(entry)
         models.ZOO[name] = entry
         names.append(name)
@@ -95,13 +149,14 @@ def causal_lm_entries(only=(), max_params: float = 20e6, out=sys.stderr) -> list
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.zoo.sweep", description=__doc__.split("\n\n")[0],
                                  epilog="Every other option goes to the zoo's runner (python -m tests.zoo --help).")
+    ap.add_argument("--family", default="causal-lm", choices=FAMILIES, help="which auto mapping (default causal-lm)")
     ap.add_argument("--only", default="", help="comma-separated model types (default: all)")
     ap.add_argument("--max-params", type=float, default=20e6, help="skip larger models (default 20e6)")
     ap.add_argument("--shard", default="0/1", help="i/n: every n-th architecture from the i-th, to run n processes")
     args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     k, n = map(int, args.shard.split("/"))
-    names = causal_lm_entries(only, args.max_params)[k::n]
+    names = family_entries(only, args.max_params, family=args.family)[k::n]
     print(f"sweep: {len(names)} architectures built", file=sys.stderr)
     if "--models" not in rest:
         rest += ["--models", ",".join(names)]
