@@ -976,3 +976,34 @@ def test_a_view_returned_before_its_base_is_written_through_another_view_across_
     fn(x0, y).sum().backward()
     engine.compile(fn, backend=backend)(x1, y).sum().backward()
     torch.testing.assert_close(x1.grad, x0.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_input_no_output_depends_on_leaves_its_history_alone(backend):
+    """`t1 = lin(y)`, a break, y scaled in place, t1 used only for a value nobody returns
+    (fuzz 375527, with x and y the same tensor). Eager's loss has no path to lin(y)'s
+    backward, which saved y. The compiled node after the break took t1 as an input that
+    requires grad, so the loss reached lin(y)'s node, whose saved y had been written: the
+    backward raised. Such an input is now handed in detached."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3)
+
+    def fn(x, y):
+        t1 = lin(y)
+        engine.graph_break()
+        x.t().mul_(6)
+        t6 = torch.mm(t1, t1.t())
+        t6.copy_(t6)
+        return lin(x)
+
+    compiled = engine.compile(fn, backend=backend)
+    compiled(torch.randn(6, 3), torch.randn(6, 3)).sum().backward()     # x and y apart first
+    x0 = torch.randn(6, 3)
+    x1 = x0.clone()
+    lin.weight.grad = None
+    fn(x0, x0).sum().backward()
+    expected = lin.weight.grad.clone()
+    lin.weight.grad = None
+    compiled(x1, x1).sum().backward()
+    torch.testing.assert_close(lin.weight.grad, expected)
+    torch.testing.assert_close(x1, x0)

@@ -184,10 +184,23 @@ class TrainingEntry:
         CompiledFunction.__name__ = "CompiledFunction"
         self.function = CompiledFunction
         self.meta = meta
+        # Inputs that require grad but reach no output the gradient flows through: handed in
+        # detached, so that autograd has no edge from the compiled node to their history.
+        # Eager's graph has none; with one, a loss of the other outputs ran their producer's
+        # backward, which checked a tensor it saved and the program had since written
+        # (fuzz 375527: `t1 = lin(y)` unused after a break, y then scaled in place).
+        self.unreached = tuple(i for i, info in enumerate(meta.inputs)
+                               if info.requires_grad and i not in set(grad_inputs))
 
     def __call__(self, flat: list) -> Any:
+        args = flat
+        if self.unreached:
+            args = list(flat)
+            for i in self.unreached:
+                if isinstance(args[i], torch.Tensor):
+                    args[i] = args[i].detach()
         with _no_autocast():
-            outs = self.function.apply(*flat)
+            outs = self.function.apply(*args)
         return epilogue(self.meta, flat, outs)
 
 
