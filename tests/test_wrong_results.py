@@ -1007,3 +1007,25 @@ def test_an_input_no_output_depends_on_leaves_its_history_alone(backend):
     compiled(x1, x1).sum().backward()
     torch.testing.assert_close(lin.weight.grad, expected)
     torch.testing.assert_close(x1, x0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_from_a_graph_without_gradients_takes_a_write_that_requires_grad(backend):
+    """A graph whose inputs need no gradient runs under no_grad; the view it returns
+    (`t.diagonal()`) was marked as made there, and writing into it after a break with a
+    value that requires grad raised ("a view was created in no_grad mode"), where eager's
+    view, made with grad on, takes the write (fuzz 378473)."""
+    def fn(x, y):
+        d = (x * 2).softmax(-1).neg().diagonal()
+        engine.graph_break()
+        d.addcmul_(y, y, value=0.5)
+        return d
+
+    x = torch.randn(5, 5)
+    y0 = torch.randn((), requires_grad=True)
+    y1 = y0.detach().clone().requires_grad_()
+    out0, out1 = fn(x, y0), engine.compile(fn, backend=backend)(x, y1)
+    torch.testing.assert_close(out1, out0)
+    out0.sum().backward()
+    out1.sum().backward()
+    torch.testing.assert_close(y1.grad, y0.grad)

@@ -106,6 +106,12 @@ class InferenceEntry:
     def __call__(self, flat: list) -> Any:
         with torch.no_grad(), _no_autocast():
             outs = self.compiled(*flat)
+        if torch.is_grad_enabled():
+            # A view made under the no_grad above is marked so; a write into it with a value
+            # that requires grad then raises, where eager's view, made with grad on, takes the
+            # write (fuzz 378473: `t.diagonal().addcmul_(y, y)` after a break, y requiring
+            # grad). Its detached alias is the same memory and no view.
+            outs = [o.detach() if isinstance(o, torch.Tensor) and o._is_view() else o for o in outs]
         return epilogue(self.meta, flat, outs)
 
 
