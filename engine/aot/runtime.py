@@ -195,8 +195,8 @@ class TrainingEntry:
         # Eager's graph has none; with one, a loss of the other outputs ran their producer's
         # backward, which checked a tensor it saved and the program had since written
         # (fuzz 375527: `t1 = lin(y)` unused after a break, y then scaled in place).
-        self.unreached = tuple(i for i, info in enumerate(meta.inputs)
-                               if info.requires_grad and i not in set(grad_inputs))
+        reached = set(grad_inputs)
+        self.unreached = tuple(i for i, info in enumerate(meta.inputs) if info.requires_grad and i not in reached)
 
     def __call__(self, flat: list) -> Any:
         args = flat

@@ -154,10 +154,10 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
     """Finds, and then flips, the branches that rounding decides, and the signed-zero ties of
     maximum and minimum. Recording (flip=None, the float64 run): `found` lists the
     comparisons and number reads of a one-element float within TIE and the extremes of 0.0
-    and -0.0, each as (site, what), a site being (line, how many such calls that line made
-    before). Flipping (flip=site, a float32 run): that one call answers the other way (a
-    comparison negated; a number read negated, 0 read as -1e-30 or, with up=True, 1e-30;
-    the tied zeros of an extreme given the other sign)."""
+    and -0.0, each as (site, what, ways), a site being (line, how many such calls that line
+    made before), ways the `up` values to try. Flipping (flip=site, a float32 run): that one
+    call answers the other way (a comparison negated; a number read negated, 0 read as -1e-30
+    or, with up=True, 1e-30: two ways; the tied zeros of an extreme given the other sign)."""
 
     def __init__(self, flip=None, up=False):
         super().__init__()
@@ -182,14 +182,14 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
             x, y = float(a), float(b)
             if abs(x - y) <= TIE * max(1.0, abs(x), abs(y)):
                 self.found.append((site, f"a branch rounding decides: line {site[0]} compares {x:.3g} with {y:.3g} "
-                                         "in float64"))
+                                         "in float64", (False,)))
         elif site == self.flip:
             v = float(a)
             v = -v if v else (1e-30 if self.up else -1e-30)
             return (not out) if func is torch.Tensor.__bool__ else ([v] if isinstance(out, list) else v)
         elif abs(float(a)) <= TIE:
             self.found.append((site, f"a branch rounding decides: line {site[0]} reads {float(a):.3g} as a "
-                                     "number in float64"))
+                                     "number in float64", (False, True) if float(a) == 0 else (False,)))
         return out
 
     def _extreme(self, func, args, kwargs):
@@ -201,7 +201,7 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
             return out
         if site != self.flip:
             self.found.append((site, f"a tie eager breaks either way: line {site[0]} takes the "
-                                     f"{func.__name__} of 0.0 and -0.0"))
+                                     f"{func.__name__} of 0.0 and -0.0", (False,)))
             return out
         with torch.no_grad():
             flipped = torch.where(ties, -out.detach(), out.detach())
@@ -224,8 +224,8 @@ def branch_noise(ns_fresh, calls, upto, global_names, eager, compiled, ties):
     or one signed-zero tie (found by `ties` in the float64 run), goes the other way? Its
     description, or None.
     ns_fresh(): a fresh namespace of the program, for each rerun."""
-    for site, what in ties.found[:4]:
-        for up in (False, True):
+    for site, what, ways in ties.found[:4]:
+        for up in ways:
             ns = ns_fresh()
             with RoundingTies(flip=site, up=up):
                 for mk in calls[:upto + 1]:

@@ -98,11 +98,6 @@ def _mlm_inputs(model, gen):
     return {**inputs, "labels": labels}
 
 
-def _image_inputs(model, gen):
-    labels = torch.randint(0, model.config.num_labels, (models.BATCH,), generator=gen)
-    return {"pixel_values": torch.randn(models.BATCH, 3, models.IMAGE, models.IMAGE, generator=gen), "labels": labels}
-
-
 def _family(name: str):
     """(auto mapping of model types to class names, entry prefix, candidate tiny sizes, inputs)."""
     from transformers.models.auto import modeling_auto as auto
@@ -110,7 +105,7 @@ def _family(name: str):
     return {"causal-lm": (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "hf", [TINY], _lm_inputs),
             "masked-lm": (auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "hf-mlm", [TINY], _mlm_inputs),
             "image-classification": (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, "hf-img", TINY_VISION,
-                                     _image_inputs)}[name]
+                                     models.image_cls_inputs)}[name]
 
 
 FAMILIES = ("causal-lm", "masked-lm", "image-classification")
