@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import engine
 import observe
 from codegen_helpers import check, compile_graph
+from engine_helpers import logs
 
 torch.manual_seed(0)
 X = torch.randn(6, 10)
@@ -128,6 +129,17 @@ def test_matmul_and_conv_are_extern_kernels_with_fused_epilogues():
     c = check(lambda a, w: F.relu(F.conv2d(a, w, padding=1)), torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3),
               rtol=1e-4, atol=1e-5)
     assert c.extern_ops == ["aten.convolution.default"] and c.fallback_ops == []
+
+
+def test_a_check_that_returns_nothing_compiles_and_still_raises():
+    # F.one_hot decomposes to two aten._assert_async.msg checks of its class values (no result,
+    # so no metadata): switch_transformers' router takes it in every training step
+    one_hot = engine.compile(lambda i: F.one_hot(i, num_classes=4) * 2, backend="inductor")
+    with logs("inductor") as shown:
+        assert torch.equal(one_hot(torch.tensor([1, 3, 0])), F.one_hot(torch.tensor([1, 3, 0]), 4) * 2)
+    assert not [m for m in shown if "could not compile" in m], shown
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        one_hot(torch.tensor([1, 5, 0]))
 
 
 def test_graph_codegen_cannot_handle_runs_uncompiled():

@@ -167,16 +167,54 @@ class _OtherZeroOfMaximum(torch.overrides.TorchFunctionMode):
         return out
 
 
+class _FlipTiedElements(torch.overrides.TorchFunctionMode):
+    """A compiler that rounds `sqrt(|z|)**2` differently: `t1 > z` flips for a few z > 0
+    (in exact arithmetic t1 == z there). With tied=False it flips elements that do not tie."""
+
+    def __init__(self, tied=True):
+        super().__init__()
+        self.tied = tied
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.Tensor.gt, torch.Tensor.__gt__) and isinstance(args[1], torch.Tensor) and out.numel() > 1:
+            a, b = args[0].detach().double(), args[1].detach().double()
+            near = (a - b).abs() <= 1e-6 * torch.maximum(a.abs(), b.abs()).clamp(min=1)
+            flat = out.flatten().clone()
+            idx = (near if self.tied else ~near).flatten().nonzero().flatten()[:3]
+            flat[idx] = ~flat[idx]
+            return flat.view(out.shape)
+        return out
+
+
+class _ReluOfResidue(torch.overrides.TorchFunctionMode):
+    """A compiler whose BatchNorm of equal rows leaves other rounding residue: its ReLU
+    passes two elements eager's zeroes, or zeroes two it passes."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.relu:
+            x = args[0]
+            idx = (x.detach().abs() < 1e-3).flatten().nonzero().flatten()[:2]
+            flip = torch.zeros(x.numel(), dtype=torch.bool)
+            flip[idx] = True
+            return torch.where(flip.view(x.shape), torch.where(x > 0, x * 0, x), out)
+        return out
+
+
 # Fuzz seed 460607 loops `while t4.sum() > 0`, t4 a LayerNorm's output: its sum is 0 in exact
 # arithmetic, and eager's rounding (-1.5e-6) and a compiler's (+1.1e-6) branch apart. Seed
 # 491267 takes `torch.maximum(t0, t4, out=t4)` of 0.0 and -0.0 (`x * 0` of a negative x),
 # then atan2 of it with a negative y: pi or -pi; eager's own maximum answers 0.0 for 8 such
 # pairs and -0.0 for 16 (its scalar and vector loops).
 TIES = [(460607, _FlipNearZeroComparisons, ["a branch rounding decides: line", "compares"]),
-        (491267, _OtherZeroOfMaximum, ["a tie eager breaks either way: line", "maximum of 0.0 and -0.0"])]
+        (491267, _OtherZeroOfMaximum, ["a tie eager breaks either way: line", "maximum of 0.0 and -0.0"]),
+        (487916, _FlipTiedElements, ["line", "compares", "elements that tie in float64: 3 of them"]),
+        (490508, _ReluOfResidue, ["line", "takes the ReLU of", "elements that tie in float64: all 2"])]
 
 
-@pytest.mark.parametrize("seed,mode,shown", TIES, ids=["branch on a zero sum", "maximum of signed zeros"])
+@pytest.mark.parametrize("seed,mode,shown", TIES, ids=["branch on a zero sum", "maximum of signed zeros",
+                                                     "elementwise comparison", "ReLU of a BatchNorm of equal rows"])
 def test_a_tie_eager_breaks_either_way_is_noise_but_a_wrong_value_beside_it_is_not(monkeypatch, seed, mode, shown):
     prog, _ = gen.generate(seed)
     other = lambda fn: lambda *a: _run_under(mode(), fn, *a)  # noqa: E731
@@ -188,6 +226,13 @@ def test_a_tie_eager_breaks_either_way_is_noise_but_a_wrong_value_beside_it_is_n
     # does not explain that, and it stays wrong
     monkeypatch.setattr(runner, "compiler", lambda impl, backend: lambda fn: _perturbed(other(fn), lambda t: t + 1e-2))
     assert runner._check(prog, "engine", "eager").category in ("wrong", "stale")
+
+
+def test_flipping_elements_that_do_not_tie_is_wrong(monkeypatch):
+    prog, _ = gen.generate(487916)
+    other = lambda fn: lambda *a: _run_under(_FlipTiedElements(tied=False), fn, *a)  # noqa: E731
+    monkeypatch.setattr(runner, "compiler", lambda impl, backend: other)
+    assert runner._check(prog, "engine", "eager").category == "wrong"
 
 
 def _run_under(mode, fn, *args):

@@ -77,6 +77,21 @@ def test_architectures_beyond_the_zoo_train_like_eager(backend, tmp_path):
     assert len(result["rows"]) == len(SWEEP_SAMPLE.split(",")), "an architecture no longer builds"
 
 
+# and other task families' auto mappings: encoder-decoder LMs (a mixture-of-experts router
+# that takes F.one_hot, global-local attention) and audio classifiers (a convolutional
+# feature encoder with a weight-normed positional convolution; a spectrogram transformer)
+FAMILY_SAMPLES = {"seq2seq-lm": "switch_transformers,pegasus_x",
+                  "audio-classification": "wav2vec2,audio-spectrogram-transformer"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_SAMPLES))
+def test_other_task_families_train_like_eager(family, tmp_path):
+    only = FAMILY_SAMPLES[family]
+    result = run_zoo(tmp_path, "aot_eager", "train", runner=("tests.zoo.sweep", "--family", family, "--only", only))
+    check(result)
+    assert len(result["rows"]) == len(only.split(",")), "an architecture no longer builds"
+
+
 def test_zoo_inductor_sample(tmp_path):
     check(run_zoo(tmp_path, "inductor", "infer", INDUCTOR_SAMPLE))
 

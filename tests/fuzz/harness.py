@@ -2,6 +2,7 @@
 # Self-contained (torch only): the runner imports it, and every repro script carries a copy.
 import contextlib
 import math
+import time
 
 import torch
 
@@ -148,6 +149,10 @@ _TO_NUMBER = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__bool__, 
 # The sign shows where a later op reads it (atan2, a division): a tie eager may break either way.
 _EXTREMES = {torch.maximum, torch.minimum, torch.Tensor.maximum, torch.Tensor.minimum,
              torch.max, torch.min, torch.Tensor.max, torch.Tensor.min}
+# Elementwise, the same holds per element: `(t1 > z)` with t1 = sqrt(|z|)**2, a ReLU of a
+# BatchNorm of equal rows. Each element a float64 comparison or ReLU finds within TIE is a tie
+# (its ReLU gradient too); which of them the compiled code broke the other way is searched.
+_RELUS = {torch.relu, torch.Tensor.relu, torch.nn.functional.relu}
 
 
 class RoundingTies(torch.overrides.TorchFunctionMode):
@@ -155,20 +160,32 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
     maximum and minimum. Recording (flip=None, the float64 run): `found` lists the
     comparisons and number reads of a one-element float within TIE and the extremes of 0.0
     and -0.0, each as (site, what, ways), a site being (line, how many such calls that line
-    made before), ways the `up` values to try. Flipping (flip=site, a float32 run): that one
-    call answers the other way (a comparison negated; a number read negated, 0 read as -1e-30
-    or, with up=True, 1e-30: two ways; the tied zeros of an extreme given the other sign)."""
+    made before), ways the `up` values to try; `elements` lists the elementwise comparisons
+    and ReLUs with tied elements, each as (site, what, their flat indices in the output).
+    Flipping (flip=site, a float32 run): that one call answers the other way (a comparison
+    negated; a number read negated, 0 read as -1e-30 or, with up=True, 1e-30: two ways; the
+    tied zeros of an extreme given the other sign), or, given `elements`, those elements of
+    an elementwise comparison or ReLU do (a ReLU passes its input, gradient and all, where it
+    gave 0, and gives 0 where it passed)."""
 
-    def __init__(self, flip=None, up=False):
+    def __init__(self, flip=None, up=False, elements=()):
         super().__init__()
-        self.found, self.flip, self.up, self.seen = [], flip, up, {}
+        self.found, self.elements, self.seen = [], [], {}
+        self.flip, self.up, self.flip_elements = flip, up, list(elements)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _EXTREMES and len(args) == 2 and all(
                 isinstance(t, torch.Tensor) and t.is_floating_point() for t in args):
             return self._extreme(func, args, kwargs or {})
+        if func in _RELUS and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() \
+                and args[0].numel() > 1 and not (kwargs or {}).get("inplace", args[1] if len(args) > 1 else False):
+            return self._relu(func, args, kwargs or {})
         out = func(*args, **(kwargs or {}))
         a = args[0] if args else None
+        if func in _COMPARISONS and len(args) == 2 and isinstance(out, torch.Tensor) and out.numel() > 1 \
+                and all(isinstance(t, (int, float)) or (isinstance(t, torch.Tensor) and t.is_floating_point())
+                        for t in args):
+            return self._compare_elements(out, *args)
         if not (func in _COMPARISONS or func in _TO_NUMBER) or not (
                 isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() == 1):
             return out
@@ -209,6 +226,39 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
                 return out.copy_(flipped)
         return flipped - (out.detach() - out)     # the other zero, with out's gradient
 
+    def _relu(self, func, args, kwargs):
+        x = args[0]
+        out = func(*args, **kwargs)
+        site = self._site()
+        if site == self.flip:
+            other = torch.where(x > 0, x * 0, x)
+            return torch.where(self._mask(out), other, out)
+        if self.flip is None:
+            self._record(site, f"line {site[0]} takes the ReLU of", x.detach().abs() <= TIE, out)
+        return out
+
+    def _compare_elements(self, out, a, b):
+        site = self._site()
+        if site == self.flip:
+            return out.logical_xor(self._mask(out))
+        if self.flip is not None:
+            return out
+        x = a.detach() if isinstance(a, torch.Tensor) else torch.tensor(float(a), dtype=torch.float64)
+        y = b.detach() if isinstance(b, torch.Tensor) else torch.tensor(float(b), dtype=torch.float64)
+        bound = TIE * torch.maximum(torch.maximum(x.abs(), y.abs()), torch.ones((), dtype=x.dtype))
+        self._record(site, f"line {site[0]} compares", (x - y).abs() <= bound, out)
+        return out
+
+    def _record(self, site, what, tied, out):
+        idx = tied.expand(out.shape).flatten().nonzero().flatten().tolist()
+        if idx:
+            self.elements.append((site, f"{what} {len(idx)} elements that tie in float64", idx))
+
+    def _mask(self, out):
+        mask = torch.zeros(out.numel(), dtype=torch.bool, device=out.device)
+        mask[self.flip_elements] = True
+        return mask.view(out.shape)
+
     def _site(self):
         import sys
         f = sys._getframe(2)
@@ -219,22 +269,79 @@ class RoundingTies(torch.overrides.TorchFunctionMode):
         return line, n
 
 
-def branch_noise(ns_fresh, calls, upto, global_names, eager, compiled, ties):
+def branch_noise(ns_fresh, calls, upto, global_names, eager, compiled, ties, budget=20.0):
     """Does eager's float32 run give the compiled result once one branch that rounding decides,
-    or one signed-zero tie (found by `ties` in the float64 run), goes the other way? Its
-    description, or None.
-    ns_fresh(): a fresh namespace of the program, for each rerun."""
+    or one signed-zero tie (found by `ties` in the float64 run), goes the other way, or some
+    tied elements of one elementwise comparison or ReLU do? Its description, or None.
+    ns_fresh(): a fresh namespace of the program, for each rerun. Which tied elements: all of
+    them (flips that only together cancel: a ReLU's two zeros in one BatchNorm channel), or
+    each in turn kept flipped where that brings eager's values closer to the compiled ones
+    (`budget` seconds at most), the latest call's sites first; the set is then checked like
+    a single flip."""
+    def rerun(site, up=False, elements=()):
+        ns = ns_fresh()
+        with RoundingTies(flip=site, up=up, elements=elements):
+            for mk in calls[:upto + 1]:
+                r = run_call(ns, ns["fn"], mk, global_names)
+                if "error" in r:
+                    return None
+        return r
+
+    def gives_compiled(r):
+        return r is not None and compare(r, compiled) is None and compare(r, eager) is not None
+
     for site, what, ways in ties.found[:4]:
         for up in ways:
-            ns = ns_fresh()
-            with RoundingTies(flip=site, up=up):
-                for mk in calls[:upto + 1]:
-                    r = run_call(ns, ns["fn"], mk, global_names)
-                    if "error" in r:
-                        break
-            if "error" not in r and compare(r, compiled) is None and compare(r, eager) is not None:
+            if gives_compiled(rerun(site, up)):
                 return what
+    deadline = time.time() + budget
+    for site, what, tied in ties.elements[::-1][:4]:   # the failing call's last
+        if gives_compiled(rerun(site, elements=tied)):
+            return f"{what}: all {len(tied)}"
+        kept, far = [], distance(eager, compiled)
+        for i in tied:
+            if time.time() > deadline or far == 0:
+                break
+            r = rerun(site, elements=kept + [i])
+            d = distance(r, compiled) if r is not None else math.inf
+            if d < far:
+                kept, far = kept + [i], d
+        if kept and gives_compiled(rerun(site, elements=kept)):
+            return f"{what}: {len(kept)} of them"
     return None
+
+
+def distance(a, b):
+    """How far run result `a` lies from `b`: the sum of their values' relative differences
+    (infinite where their structure differs)."""
+    return sum(_snapshot_distance(a[sec], b[sec]) if a.get(sec) is not None and b.get(sec) is not None
+               else (0.0 if a.get(sec) is None and b.get(sec) is None else math.inf)
+               for sec in SECTIONS if sec != "alias")
+
+
+def _snapshot_distance(a, b):
+    if a[0] != b[0]:
+        return math.inf
+    if a[0] == "tensor":
+        ta, tb = a[1], b[1]
+        if ta.shape != tb.shape or ta.dtype != tb.dtype:
+            return math.inf
+        if not ta.is_floating_point():
+            return float((ta != tb).sum())
+        x, y = ta.double(), tb.double()
+        d = ((x - y).abs() / (y.abs() + 1e-3)).nan_to_num(nan=1.0, posinf=1e6)
+        return float(d.masked_fill(x.isnan() & y.isnan(), 0).sum())
+    if a[0] in ("list", "tuple", "dict"):
+        if len(a[1]) != len(b[1]):
+            return math.inf
+        pairs = zip(a[1], b[1]) if a[0] != "dict" else ((x, y) for (_, x), (_, y) in zip(a[1], b[1]))
+        return sum(_snapshot_distance(x, y) for x, y in pairs)
+    if a[0] == "module":
+        return _snapshot_distance(a[1], b[1]) + _snapshot_distance(a[2], b[2])
+    x, y = a[1], b[1]
+    if isinstance(x, float) and isinstance(y, float):
+        return 0.0 if x == y or (math.isnan(x) and math.isnan(y)) else min(abs(x - y) / (abs(y) + 1e-3), 1e6)
+    return 0.0 if x == y else 1.0
 
 
 # A float mismatch is rounding noise, not a wrong result, when the compiled value is no

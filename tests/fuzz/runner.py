@@ -188,7 +188,7 @@ def _rounding_noise(prog, impl, backend, i, e, c, gnames):
         ref_c = None
     if ref_c is not None and not harness.compare(ref, ref_c):
         return None, d
-    flipped = ties.found and harness.branch_noise(lambda: gen.load(prog, tag="flipped")[0], calls_e, i, gnames,
+    flipped = (ties.found or ties.elements) and harness.branch_noise(lambda: gen.load(prog, tag="flipped")[0], calls_e, i, gnames,
                                                   e, c, ties)
     if flipped:
         return None, (d[0], f"{d[1]}\n  {flipped}; taken the other way, eager gives the compiled result")

@@ -6,13 +6,13 @@ config, through the zoo's runner.
 
 The zoo (models.py) holds hand-written configs for a few models; users compile the rest.
 This builds each `model_type` of a transformers auto mapping (--family: causal-lm,
-masked-lm, image-classification) from its config class with the same small sizes set
+masked-lm, seq2seq-lm, image-classification, audio-classification) from its config class with the same small sizes set
 through the standard names (hidden_size, num_hidden_layers, image_size, ...: a config's
 attribute_map turns them into its own; a name a config rejects is left at its default),
 drops models that do not build that way or stay over --max-params, and runs the others
 exactly as the zoo runs its own entries (`python -m tests.zoo --help` lists the runner's
 options: --backend, --mode, --compare, --json, ...). Entries are named `hf:<model_type>`
-(causal LMs), `hf-mlm:<model_type>` and `hf-img:<model_type>`.
+(causal LMs), `hf-mlm:<model_type>`, `hf-s2s:<model_type>`, `hf-img:<model_type>` and `hf-audio:<model_type>`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ TINY = dict(
 TINY_IMAGE = dict(TINY, image_size=models.IMAGE, patch_size=8, num_channels=3, num_labels=5, encoder_stride=8)
 TINY_VISION = [dict(TINY_IMAGE, depths=[1, 1], hidden_sizes=[16, 32], embed_dim=16, num_heads=[2, 2],
                     embed_dims=[16, 32], dims=[16, 32], window_size=4, mlp_ratio=2.0), TINY_IMAGE]
+
+
+# and for encoder-decoder models the decoder's sizes too (a config maps the standard names
+# to its encoder's: Bart's num_hidden_layers is encoder_layers), and the token a decoder
+# starts from (labels shifted right)
+TINY_SEQ2SEQ = dict(TINY, encoder_layers=2, decoder_layers=2, num_decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, d_ff=128, d_kv=16,
+                    decoder_start_token_id=0)
+
+
+# and for audio: a small convolutional feature encoder (wav2vec2 and its kin), a short mel
+# spectrogram (Whisper, AST), SpecAugment's random masks off (numpy draws them in training)
+TINY_AUDIO = dict(TINY, num_labels=5, conv_dim=[32, 32], conv_kernel=[10, 3], conv_stride=[5, 2],
+                  num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_feat_extract_layers=2,
+                  mask_time_prob=0.0, mask_feature_prob=0.0, num_mel_bins=16, max_source_positions=32,
+                  max_length=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+                  classifier_proj_size=32, tdnn_dim=[32, 32], tdnn_kernel=[3, 1], tdnn_dilation=[1, 1],
+                  xvector_output_dim=32, frequency_stride=4, time_stride=4)
 
 
 def _config(cls, candidates: list):
@@ -98,17 +116,38 @@ def _mlm_inputs(model, gen):
     return {**inputs, "labels": labels}
 
 
+def _audio_cls_inputs(model, gen):
+    """A waveform, or the features the model reads (a mel spectrogram, Wav2Vec2-BERT's
+    frames) at the length its config takes, and class labels."""
+    c, b = model.config, models.BATCH     # (what the config class declares: a config keeps every keyword)
+    declares = lambda name: hasattr(type(c), name)   # noqa: E731
+    if model.main_input_name == "input_features":
+        if declares("feature_projection_input_dim"):   # Wav2Vec2-BERT: frames of stacked features
+            shape = (b, 16, c.feature_projection_input_dim)
+        else:                                          # Whisper: exactly two frames a position
+            shape = (b, c.num_mel_bins, 2 * c.max_source_positions)
+    elif declares("num_mel_bins"):                     # AST: max_length frames of num_mel_bins
+        shape = (b, c.max_length, c.num_mel_bins)
+    else:                                              # a waveform
+        shape = (b, 800)
+    labels = torch.randint(0, c.num_labels, (b,), generator=gen)
+    return {model.main_input_name: torch.randn(*shape, generator=gen), "labels": labels}
+
+
 def _family(name: str):
     """(auto mapping of model types to class names, entry prefix, candidate tiny sizes, inputs)."""
     from transformers.models.auto import modeling_auto as auto
 
     return {"causal-lm": (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "hf", [TINY], _lm_inputs),
             "masked-lm": (auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES, "hf-mlm", [TINY], _mlm_inputs),
+            "seq2seq-lm": (auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES, "hf-s2s", [TINY_SEQ2SEQ], _lm_inputs),
             "image-classification": (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, "hf-img", TINY_VISION,
-                                     models.image_cls_inputs)}[name]
+                                     models.image_cls_inputs),
+            "audio-classification": (auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES, "hf-audio", [TINY_AUDIO],
+                                     _audio_cls_inputs)}[name]
 
 
-FAMILIES = ("causal-lm", "masked-lm", "image-classification")
+FAMILIES = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "audio-classification")
 
 
 def family_entries(only=(), max_params: float = 20e6, out=sys.stderr, family: str = "causal-lm") -> list[str]:
