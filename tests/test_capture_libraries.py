@@ -747,3 +747,27 @@ def test_linear_cross_entropy_with_its_options_dataclass_is_one_graph():
     got, graphs = _one_graph(loss, x, w, y)
     torch.testing.assert_close(got, loss(x, w, y))
     assert len(graphs) == 1
+
+
+def test_a_module_cast_to_the_dtype_it_has_is_no_break_and_a_real_cast_still_casts():
+    # SwitchTransformers' router, every call: `self.classifier = self.classifier.to(self.dtype)`
+    class Router(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.classifier = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            self.classifier = self.classifier.to(x.dtype)
+            return self.classifier(x).softmax(-1)
+
+    router, x = Router(), torch.randn(3, 8)
+    out = explain(router, x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [str(r) for r in out.break_reasons]
+    engine.reset()
+    compiled = engine.compile(router, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), router(x))
+    router.classifier.double()      # between calls: the guards see it, and the graph compiles again
+    torch.testing.assert_close(compiled(x.double()), router(x.double()))
+    got = compiled(x)               # a cast that converts: traced as Python, and it converts
+    assert router.classifier.weight.dtype == torch.float32
+    torch.testing.assert_close(got, router(x))

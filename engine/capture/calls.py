@@ -24,7 +24,7 @@ from .. import config, markers
 from ..distributed import collectives, ddp
 from . import autocast as autocastmod
 from . import autograd_function, checkpoint, higher_order
-from . import numpy_ops, optimizers, runtime, scalars, scan, skipfiles
+from . import module_conversion, numpy_ops, optimizers, runtime, scalars, scan, skipfiles
 from .builder import is_constant_value, wrap_constant
 from .containers import dict_update
 from .graph_breaks import GraphBreak
@@ -1270,6 +1270,17 @@ def torch_check(tx, args, kwargs):
 
 
 SPECIAL_FUNCTIONS[torch._check] = torch_check
+
+
+def _module_conversion(fn):
+    def handler(tx, args, kwargs):
+        same = module_conversion.unchanged(tx, fn, args, kwargs)
+        return same if same is not None else inline_user_function(tx, fn, args, kwargs, None)
+    return handler
+
+
+for _fn in module_conversion.CONVERSIONS:
+    SPECIAL_FUNCTIONS[_fn] = _module_conversion(_fn)
 SPECIAL_FUNCTIONS[autograd_function.APPLY] = autograd_function.call_apply
 SPECIAL_FUNCTIONS[torch.utils.checkpoint.checkpoint] = checkpoint.call_checkpoint
 SPECIAL_FUNCTIONS.update(higher_order.special_functions())  # torch.cond, torch.func.*

@@ -1646,6 +1646,8 @@ class Frame:
                 raise GraphBreak("GB0017", f"attribute store on {obj.cls.__name__} with a C __setattr__")
             if isinstance(obj.value, torch.nn.Module):
                 m = obj.value
+                if name in m._modules and isinstance(value, ObjectVariable) and value.value is m._modules[name]:
+                    return      # `self.classifier = self.classifier.to(self.dtype)`, which converted nothing
                 if name in m._parameters or name in m._modules:
                     raise GraphBreak("GB0017", f"assignment to module parameter/submodule {name!r}")
                 if name in m._buffers:
