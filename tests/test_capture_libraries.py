@@ -5,6 +5,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import keyword
 import logging
 import os
 import subprocess
@@ -771,3 +772,100 @@ def test_a_module_cast_to_the_dtype_it_has_is_no_break_and_a_real_cast_still_cas
     got = compiled(x)               # a cast that converts: traced as Python, and it converts
     assert router.classifier.weight.dtype == torch.float32
     torch.testing.assert_close(got, router(x))
+
+
+class _Recipe:
+    """What a pattern parser hands back (einops' TransformRecipe): slots, built once per pattern."""
+    __slots__ = ("order",)
+
+    def __init__(self, order):
+        self.order = order
+
+
+PARSED = []
+
+
+def _parse_order(pattern: str) -> tuple:
+    """"b h w -> w b h" as einops parses a pattern: char by char, with str, set and keyword."""
+    sides = []
+    for side in pattern.split("->"):
+        names, current = [], ""
+        for char in side + " ":
+            if str.isalnum(char) or char == "_":
+                current += char
+            elif current:
+                if keyword.iskeyword(current):
+                    raise ValueError(f"{current!r} is a keyword")
+                names.append(current)
+                current = ""
+        sides.append(names)
+    left, right = sides
+    if set.symmetric_difference(set(left), set(right)):
+        raise ValueError(f"bad pattern {pattern!r}")
+    return tuple(left.index(axis) for axis in right)
+
+
+@functools.lru_cache(16)
+def _parse(pattern: str) -> _Recipe:
+    PARSED.append(pattern)
+    return _Recipe(_parse_order(pattern))
+
+
+def test_a_pattern_parsed_by_a_cached_function_is_no_break():
+    # einops: `rearrange(x, "b h w -> b w h")` parses its pattern with str and set methods in
+    # an lru_cache'd function and returns a slotted recipe: called at trace time, as eager
+    # calls it, it is a constant of the graph
+    def f(x):
+        return x.permute(*_parse("b h w -> w b h").order) * 2
+
+    x = torch.randn(2, 3, 4)
+    out = explain(f, x)
+    assert out.graph_count == 1 and not out.break_reasons, [str(r) for r in out.break_reasons]
+    same(f, x, backend="aot_eager")
+    assert PARSED.count("b h w -> w b h") == 1      # the cache's one parse, shared with eager
+
+
+def test_a_cached_function_whose_answer_is_a_tensor_is_traced_through():
+    @functools.lru_cache(4)
+    def freqs(n):
+        return torch.arange(n) * 0.5
+
+    def f(x):
+        return x + freqs(x.shape[-1])
+
+    x = torch.randn(3, 4)
+    out = explain(f, x)
+    assert out.graph_count == 1 and not out.break_reasons, [str(r) for r in out.break_reasons]
+    assert any(n.target is torch.arange for g in out.graphs for n in g.graph.nodes)   # computed in the graph
+    same(f, x, backend="aot_eager")
+
+
+def test_a_cached_registry_the_program_fills_is_the_caches_own():
+    # `@functools.cache def registry(): return {}`: every call gets the same dict, and what
+    # one call puts in it the next one reads. Traced through, each call got a new dict.
+    @functools.cache
+    def registry():
+        return {}
+
+    def count(x, key):
+        reg = registry()
+        reg[key] = reg.get(key, 0) + 1
+        return x * reg[key]
+
+    compiled, x = engine.compile(count, backend="eager"), torch.ones(2)
+    assert [compiled(x, "a")[0].item() for _ in range(3)] == [1.0, 2.0, 3.0]
+    assert registry() == {"a": 3}
+    out = explain(count, x, "b")
+    assert any("hands back the cache's dict" in str(r.reason) for r in out.break_reasons), out.break_reasons
+
+
+def test_methods_of_constant_strings_and_sets_fold():
+    # the same parser, not cached: str.isalnum, keyword.iskeyword (a frozenset's bound
+    # __contains__) and set.symmetric_difference on constants fold to constants
+    def f(x):
+        return x.permute(*_parse_order("b h w -> h w b")) + 1
+
+    x = torch.randn(2, 3, 4)
+    out = explain(f, x)
+    assert out.graph_count == 1 and not out.break_reasons, [str(r) for r in out.break_reasons]
+    same(f, x, backend="aot_eager")

@@ -362,7 +362,10 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
     if _hashable(fn) and fn in config.reorderable_logging_functions or is_logging_call(fn):
         return defer_logging_call(tx, fn, args, kwargs)
     if isinstance(fn, functools._lru_cache_wrapper):
-        # a cached function is traced through: what it returns does not depend on the cache
+        cached = _cached_answer(tx, fn, args, kwargs)
+        if cached is not None:
+            return cached
+        # otherwise traced through: what it returns does not depend on the cache
         return tx.call(tx.out.builder.wrap_sourceless(fn.__wrapped__), args, kwargs)
     if is_torch_op(fn) or (_hashable(fn) and fn in markers.ALLOWED):
         if fn in TORCH_CONSTANT_FOLD:
@@ -388,6 +391,12 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
             mod = owner.__name__
         elif isinstance(owner, type) and owner.__module__ == "builtins":
             mod = "builtins"   # a builtin type's classmethod: dict.fromkeys(range(n)), int.from_bytes(...)
+        elif getattr(fn, "__objclass__", None) in _IMMUTABLE_BUILTIN_TYPES or fn in _READING_METHODS or \
+                type(owner) in _IMMUTABLE_BUILTIN_TYPES and type(owner) is not tuple:
+            # an immutable value's method, unbound or bound, or a set's or list's that only
+            # reads: map(str.isalnum, name), `AXES.__contains__` of a frozenset,
+            # set.difference(left, right) (einops' pattern parser)
+            mod = "builtins"
         if (mod in PURE_MODULES or mod == "builtins") and all(tx.is_python_constant(a) for a in args) and \
                 all(tx.is_python_constant(v) for v in kwargs.values()) and fn not in _IMPURE_BUILTINS:
             return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
@@ -407,6 +416,57 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
     raise GraphBreak("GB0013", f"call of {type(fn).__name__}")
 
 
+def _cached_answer(tx, fn, args, kwargs):
+    """A cached function called with constants (einops' pattern parser, a config lookup) is
+    called now: its answer for them is the cache's, the same object eager gets back on every
+    later call. An answer that is (or is a tuple of) a list, dict or set, which the program
+    may fill in for eager's next call (`@cache def registry(): return {}`), breaks the graph:
+    the call runs eagerly and the program gets the cache's own. None (traced through) where
+    the answer holds a tensor."""
+    if not (all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values())):
+        return None
+    cargs, ckwargs = [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()}
+    try:
+        hash((tuple(cargs), tuple(ckwargs.items())))
+    except TypeError:       # (a symbolic size, an unhashable argument: the cache would raise)
+        return None
+    answer = fn(*cargs, **ckwargs)
+    if _settled(answer):
+        return wrap_constant(answer)
+    if not _holds_tensor(answer, 4):
+        # traced through, it would be a new one on each call where eager gets the cache's own
+        raise GraphBreak("GB0017", f"{getattr(fn, '__qualname__', fn)} hands back the cache's "
+                                   f"{type(answer).__name__}, which the program may change between calls")
+    return None
+
+
+def _settled(value, depth: int = 4) -> bool:
+    if isinstance(value, (torch.Tensor, list, dict, set)):
+        return False
+    if isinstance(value, (tuple, frozenset)):
+        return all(_settled(v, depth) for v in value)
+    return not _holds_tensor(value, depth)
+
+
+def _holds_tensor(value, depth: int) -> bool:
+    """A tensor within `depth` levels of containers and attributes (a recipe's lists of ints
+    are fine)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth == 0 or value is None or isinstance(value, (str, bytes, int, float, bool, complex)):
+        return False
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(v, depth - 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v, depth - 1) for v in value.values())
+    fields = list(getattr(value, "__dict__", {}).values()) + \
+        [getattr(value, k, None) for k in getattr(type(value), "__slots__", ())]
+    return any(_holds_tensor(v, depth - 1) for v in fields)
+
+
+_IMMUTABLE_BUILTIN_TYPES = (str, bytes, int, float, complex, bool, tuple, frozenset, range)
+_READING_METHODS = {set.difference, set.symmetric_difference, set.union, set.intersection, set.issubset,
+                    set.issuperset, set.isdisjoint, set.__contains__, list.index, list.count, list.__contains__}
 _IMPURE_BUILTINS = {print, input, open, id, exec, eval, compile, globals, locals, vars, dir, help, breakpoint,
                     __import__, exit, quit} if hasattr(builtins, "exit") else {print, input, open}
 

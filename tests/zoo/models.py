@@ -204,6 +204,81 @@ def clip():
     return tf.CLIPModel(c)
 
 
+# ---------------------------------------------------------------------------- other libraries
+# Models users build with libraries besides transformers (`pip install -e '.[libs]'`; an
+# entry runs where its library imports): LoRA adapters (peft), a diffusion UNet and a VAE
+# (diffusers), and einops' rearrange/reduce/repeat.
+
+def peft_lora_llama():
+    import peft
+    model = llama()
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    model = peft.get_peft_model(model, config)
+    with torch.no_grad():       # lora_B starts at 0: give it values, so that the adapters change the output
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    return model
+
+
+def diffusers_unet():
+    from diffusers import UNet2DConditionModel
+    return UNet2DConditionModel(sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
+                                block_out_channels=(HIDDEN, 2 * HIDDEN),
+                                down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=HIDDEN,
+                                attention_head_dim=8, norm_num_groups=8)
+
+
+def unet_inputs(model, gen):
+    return {"sample": torch.randn(BATCH, 4, 16, 16, generator=gen),
+            "timestep": torch.randint(0, 1000, (BATCH,), generator=gen),
+            "encoder_hidden_states": torch.randn(BATCH, 7, HIDDEN, generator=gen)}
+
+
+def diffusers_vae():
+    from diffusers import AutoencoderKL
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, HIDDEN), latent_channels=4,
+                         norm_num_groups=8, sample_size=16)
+
+
+def vae_inputs(model, gen):
+    return {"sample": torch.randn(BATCH, 3, 16, 16, generator=gen)}   # decoded from the posterior's mode
+
+
+def einops_vit():
+    from einops import rearrange, reduce, repeat
+    from einops.layers.torch import Rearrange
+
+    class PatchAttention(torch.nn.Module):
+        """A one-block ViT written with einops, as its README writes attention."""
+
+        def __init__(self, dim=HIDDEN, heads=4, patch=4, classes=10):
+            super().__init__()
+            self.heads = heads
+            self.patches = torch.nn.Sequential(Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=patch, p2=patch),
+                                               torch.nn.Linear(3 * patch * patch, dim))
+            self.cls = torch.nn.Parameter(torch.randn(1, 1, dim))
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+            self.head = torch.nn.Linear(dim, classes)
+
+        def forward(self, pixel_values, labels):
+            h = self.patches(pixel_values)
+            h = torch.cat([repeat(self.cls, "1 n d -> b n d", b=h.shape[0]), h], 1)
+            q, k, v = rearrange(self.qkv(h), "b n (three heads d) -> three b heads n d", three=3, heads=self.heads)
+            attn = (torch.einsum("bhid,bhjd->bhij", q, k) * q.shape[-1] ** -0.5).softmax(-1)
+            h = h + rearrange(attn @ v, "b heads n d -> b n (heads d)")
+            logits = self.head(reduce(h, "b n d -> b d", "mean"))
+            return {"logits": logits, "loss": torch.nn.functional.cross_entropy(logits, labels)}
+
+    return PatchAttention()
+
+
+def einops_inputs(model, gen):
+    return {"pixel_values": _pixels(gen), "labels": torch.randint(0, 10, (BATCH,), generator=gen)}
+
+
 # ---------------------------------------------------------------------------- registry
 
 def output_loss(out) -> torch.Tensor:
@@ -219,6 +294,12 @@ def output_loss(out) -> torch.Tensor:
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             return v.sum()
     raise TypeError(f"no loss in a {type(out).__name__}")
+
+
+def mean_square(out) -> torch.Tensor:
+    """A diffusion model's loss against a zero target (noise prediction, reconstruction):
+    the mean, where a sum's gradients reach 1e3 and float32 rounding alone passes 1e-4."""
+    return out.sample.pow(2).mean()
 
 
 def torchvision_model(name: str):
@@ -265,6 +346,10 @@ ENTRIES: list[Entry] = [
     Entry("MambaForCausalLM", mamba, lm_inputs),
     Entry("GPT2LMHeadModel.generate", gpt2, generate_inputs, kind="generate", modes=("infer",)),
     Entry("LlamaForCausalLM.generate", llama, generate_inputs, kind="generate", modes=("infer",)),
+    Entry("peft.LoraLlama", peft_lora_llama, lm_inputs, needs="peft"),
+    Entry("diffusers.UNet2DConditionModel", diffusers_unet, unet_inputs, loss=mean_square, needs="diffusers"),
+    Entry("diffusers.AutoencoderKL", diffusers_vae, vae_inputs, loss=mean_square, needs="diffusers"),
+    Entry("einops.ViT", einops_vit, einops_inputs, needs="einops"),
     Entry("torchvision.resnet50", torchvision_model("resnet50"), torchvision_inputs, needs="torchvision"),
     Entry("torchvision.vit_b_16", torchvision_model("vit_b_16"), torchvision_inputs, needs="torchvision"),
 ]
