@@ -419,10 +419,10 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
 def _cached_answer(tx, fn, args, kwargs):
     """A cached function called with constants (einops' pattern parser, a config lookup) is
     called now: its answer for them is the cache's, the same object eager gets back on every
-    later call. An answer that is (or is a tuple of) a list, dict or set, which the program
-    may fill in for eager's next call (`@cache def registry(): return {}`), breaks the graph:
-    the call runs eagerly and the program gets the cache's own. None (traced through) where
-    the answer holds a tensor."""
+    later call. An answer that is a list, dict or set, which the program may fill in for
+    eager's next call (`@cache def registry(): return {}`), breaks the graph: the call runs
+    eagerly and the program gets the cache's own. None (traced through) where the answer
+    holds a tensor."""
     if not (all(tx.is_python_constant(a) for a in args) and all(tx.is_python_constant(v) for v in kwargs.values())):
         return None
     cargs, ckwargs = [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()}
@@ -431,21 +431,13 @@ def _cached_answer(tx, fn, args, kwargs):
     except TypeError:       # (a symbolic size, an unhashable argument: the cache would raise)
         return None
     answer = fn(*cargs, **ckwargs)
-    if _settled(answer):
-        return wrap_constant(answer)
-    if not _holds_tensor(answer, 4):
+    if _holds_tensor(answer, 4):
+        return None
+    if isinstance(answer, (list, dict, set)):
         # traced through, it would be a new one on each call where eager gets the cache's own
         raise GraphBreak("GB0017", f"{getattr(fn, '__qualname__', fn)} hands back the cache's "
                                    f"{type(answer).__name__}, which the program may change between calls")
-    return None
-
-
-def _settled(value, depth: int = 4) -> bool:
-    if isinstance(value, (torch.Tensor, list, dict, set)):
-        return False
-    if isinstance(value, (tuple, frozenset)):
-        return all(_settled(v, depth) for v in value)
-    return not _holds_tensor(value, depth)
+    return wrap_constant(answer)
 
 
 def _holds_tensor(value, depth: int) -> bool:
