@@ -51,6 +51,23 @@ HELPERS = {
     for f in fs:
         t = f(t)
     return t''',
+    # cached helpers: a registry the program fills (the cache hands back the same dict on
+    # every call) and a parse whose answer is a constant tuple
+    "count": '''def count(key):
+    c = _counts()
+    c[key] = c.get(key, 0) + 1
+    return c[key]
+
+
+_counts = functools.lru_cache(None)(lambda: {})''',
+    "order": '''def order(pattern):
+    return _order(pattern)
+
+
+@functools.lru_cache(16)
+def _order(pattern):
+    left, right = pattern.split("->")
+    return tuple(left.split().index(a) for a in right.split())''',
 }
 
 UNARY_F = ["torch.sin({a})", "torch.tanh({a})", "{a}.relu()", "{a}.sigmoid()", "torch.exp({a}.clamp(max=3))",
@@ -700,6 +717,19 @@ class Gen:
                             f"apply_all([torch.abs, lambda t: t + 1], {a.expr})")
         return self.new(f"call_with(lambda *ts, **kw: sum(ts) * kw['k'], {a.expr}, {b.expr}, k={self.scalar()})")
 
+    def s_cached(self, r):
+        """One time in six, a cached helper's answer scales a tensor in place: `count` (a
+        registry that grows with every call) or `order` (a parsed pattern)."""
+        if r.random() >= 1 / 6:
+            return None
+        c = [v for v in self.tvs if v.name and v.float and v.writable]
+        if not c:
+            return None
+        tgt = r.choice(c)
+        if r.random() < 0.5:
+            return f"{tgt.expr}.mul_(count({r.choice(['a', 'b'])!r}))"
+        return f"{tgt.expr}.add_(order({r.choice(['a b c -> c a b', 'a b -> b a', 'x y z -> y x z'])!r})[0])"
+
     def s_global_mut(self, prog):
         r = self.r
         g = r.choice(prog.globals)
@@ -1057,6 +1087,13 @@ def generate(seed, max_attempts=20):
                 except ProbeError:
                     pass
         g.choose_return(prog)
+        st = g.s_cached(random.Random(seed * 31337 + attempt))   # its own draws: the rest of the program is unchanged
+        if st:
+            try:
+                ns, loc = g.probe(prog, prog.body + [st])
+                prog.body.append(st)
+            except ProbeError:
+                pass
         prog.calls += g.variants(prog)
         prog.prune_helpers()
         try:

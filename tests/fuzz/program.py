@@ -89,7 +89,7 @@ class Program:
         return ", ".join(self.ret) + ("," if len(self.ret) == 1 else "")
 
     def source(self, ret=None):
-        lines = ["import logging", "import torch", "import torch.nn.functional as F", "", "",
+        lines = ["import functools", "import logging", "import torch", "import torch.nn.functional as F", "", "",
                  "class Sink:  # print(..., file=DEVNULL) goes nowhere; the harness compares how many prints ran",
                  "    prints = 0", "", "    def write(self, s):", "        self.prints += s == \"\\n\"", "",
                  "    def flush(self):", "        pass", "", "",
