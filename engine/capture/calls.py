@@ -430,7 +430,10 @@ def _cached_answer(tx, fn, args, kwargs):
         hash((tuple(cargs), tuple(ckwargs.items())))
     except TypeError:       # (a symbolic size, an unhashable argument: the cache would raise)
         return None
-    answer = fn(*cargs, **ckwargs)
+    try:
+        answer = fn(*cargs, **ckwargs)
+    except Exception:  # noqa: BLE001  (traced through, it raises where the program does)
+        return None
     if _holds_tensor(answer, 4):
         return None
     if isinstance(answer, (list, dict, set)):

@@ -39,7 +39,9 @@ def unchanged(tx, fn, args, kwargs):
     device = torch.device(device) if device is not None else None
     named = list(mod.value.named_parameters(remove_duplicate=False)) + \
         list(mod.value.named_buffers(remove_duplicate=False))
-    converts = lambda t: t.is_floating_point() or t.is_complex()  # noqa: E731  (what a dtype applies to)
+    def converts(t):    # what a dtype applies to
+        return t.is_floating_point() or t.is_complex()
+
     for _, t in named:
         if dtype is not None and converts(t) and t.dtype != dtype:
             return None

@@ -6,13 +6,14 @@ config, through the zoo's runner.
 
 The zoo (models.py) holds hand-written configs for a few models; users compile the rest.
 This builds each `model_type` of a transformers auto mapping (--family: causal-lm,
-masked-lm, seq2seq-lm, image-classification, audio-classification) from its config class with the same small sizes set
-through the standard names (hidden_size, num_hidden_layers, image_size, ...: a config's
-attribute_map turns them into its own; a name a config rejects is left at its default),
-drops models that do not build that way or stay over --max-params, and runs the others
-exactly as the zoo runs its own entries (`python -m tests.zoo --help` lists the runner's
-options: --backend, --mode, --compare, --json, ...). Entries are named `hf:<model_type>`
-(causal LMs), `hf-mlm:<model_type>`, `hf-s2s:<model_type>`, `hf-img:<model_type>` and `hf-audio:<model_type>`.
+masked-lm, seq2seq-lm, image-classification, audio-classification) from its config class
+with the same small sizes set through the standard names (hidden_size, num_hidden_layers,
+image_size, ...: a config's attribute_map turns them into its own; a name a config rejects
+is left at its default), drops models that do not build that way or stay over
+--max-params, and runs the others exactly as the zoo runs its own entries (`python -m
+tests.zoo --help` lists the runner's options: --backend, --mode, --compare, --json, ...).
+Entries are named `hf:<model_type>` (causal LMs), `hf-mlm:`, `hf-s2s:`, `hf-img:` and
+`hf-audio:<model_type>`.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ TINY_SEQ2SEQ = dict(TINY, encoder_layers=2, decoder_layers=2, num_decoder_layers
 
 # and for audio: a small convolutional feature encoder (wav2vec2 and its kin), a short mel
 # spectrogram (Whisper, AST), SpecAugment's random masks off (numpy draws them in training)
-TINY_AUDIO = dict(TINY, num_labels=5, conv_dim=[32, 32], conv_kernel=[10, 3], conv_stride=[5, 2],
+TINY_AUDIO = dict(TINY, conv_dim=[32, 32], conv_kernel=[10, 3], conv_stride=[5, 2],
                   num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_feat_extract_layers=2,
                   mask_time_prob=0.0, mask_feature_prob=0.0, num_mel_bins=16, max_source_positions=32,
                   max_length=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
@@ -119,8 +120,11 @@ def _mlm_inputs(model, gen):
 def _audio_cls_inputs(model, gen):
     """A waveform, or the features the model reads (a mel spectrogram, Wav2Vec2-BERT's
     frames) at the length its config takes, and class labels."""
-    c, b = model.config, models.BATCH     # (what the config class declares: a config keeps every keyword)
-    declares = lambda name: hasattr(type(c), name)   # noqa: E731
+    c, b = model.config, models.BATCH
+
+    def declares(name):     # the config class's own field (an instance keeps every keyword given)
+        return hasattr(type(c), name)
+
     if model.main_input_name == "input_features":
         if declares("feature_projection_input_dim"):   # Wav2Vec2-BERT: frames of stacked features
             shape = (b, 16, c.feature_projection_input_dim)
