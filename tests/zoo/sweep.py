@@ -6,14 +6,15 @@ config, through the zoo's runner.
 
 The zoo (models.py) holds hand-written configs for a few models; users compile the rest.
 This builds each `model_type` of a transformers auto mapping (--family: causal-lm,
-masked-lm, seq2seq-lm, image-classification, audio-classification) from its config class
-with the same small sizes set through the standard names (hidden_size, num_hidden_layers,
-image_size, ...: a config's attribute_map turns them into its own; a name a config rejects
-is left at its default), drops models that do not build that way or stay over
---max-params, and runs the others exactly as the zoo runs its own entries (`python -m
-tests.zoo --help` lists the runner's options: --backend, --mode, --compare, --json, ...).
-Entries are named `hf:<model_type>` (causal LMs), `hf-mlm:`, `hf-s2s:`, `hf-img:` and
-`hf-audio:<model_type>`.
+masked-lm, seq2seq-lm, image-classification, audio-classification, semantic-segmentation)
+from its config class with the same small sizes set through the standard names
+(hidden_size, num_hidden_layers, image_size, ...: a config's attribute_map turns them into
+its own; a name a config rejects is left at its default), drops models that do not build
+that way or stay over --max-params, and runs the others exactly as the zoo runs its own
+entries (`python -m tests.zoo --help` lists the runner's options: --backend, --mode,
+--compare, --json, ...).
+Entries are named `hf:<model_type>` (causal LMs), `hf-mlm:`, `hf-s2s:`, `hf-img:`,
+`hf-audio:` and `hf-seg:<model_type>`.
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ def _audio_cls_inputs(model, gen):
     return {model.main_input_name: torch.randn(*shape, generator=gen), "labels": labels}
 
 
+def _segmentation_inputs(model, gen):
+    """The zoo's images and a class for every pixel."""
+    inputs = models.image_cls_inputs(model, gen)
+    size = inputs["pixel_values"].shape[-2:]
+    return {**inputs, "labels": torch.randint(0, model.config.num_labels, (models.BATCH, *size), generator=gen)}
+
+
 def _family(name: str):
     """(auto mapping of model types to class names, entry prefix, candidate tiny sizes, inputs)."""
     from transformers.models.auto import modeling_auto as auto
@@ -148,10 +156,13 @@ def _family(name: str):
             "image-classification": (auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES, "hf-img", TINY_VISION,
                                      models.image_cls_inputs),
             "audio-classification": (auto.MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES, "hf-audio", [TINY_AUDIO],
-                                     _audio_cls_inputs)}[name]
+                                     _audio_cls_inputs),
+            "semantic-segmentation": (auto.MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES, "hf-seg", TINY_VISION,
+                                      _segmentation_inputs)}[name]
 
 
-FAMILIES = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "audio-classification")
+FAMILIES = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification", "audio-classification",
+            "semantic-segmentation")
 
 
 def family_entries(only=(), max_params: float = 20e6, out=sys.stderr, family: str = "causal-lm") -> list[str]:
