@@ -6,15 +6,18 @@ graph, with its own capture, for new shapes): the first call runs normally (warm
 and friends set up their workspaces outside the capture); the second captures.
 Inputs whose address was the same on both calls (parameters, buffers, the optimizer's
 state) are read in place; the others are copied into static buffers before each replay.
-An in-place input whose address later changes makes a new capture (a few at most, then
-the graph stops using CUDA graphs). Outputs are views of the graph's own output memory
-(outputs that alias an input stay views of the caller's tensor), and a result the caller
-keeps is never overwritten: before each replay, the output memory's use count says whether
-anything still holds a tensor of the last call's outputs. If so, the graph is captured
-again into fresh memory, and from then on each replay's outputs are copied out of it (one
-copy per output buffer; outputs that share memory still do). A loop that drops its outputs
-(inference, a training step) pays for no copy. torch.compile hands out the graph's buffers
-too, but overwrites them, and raises when an overwritten one is read.
+An input that is another captured graph's output (a backward's saved tensors, in the
+forward graph's memory) is read in place from the first capture. An in-place input whose
+address later changes makes a new capture (a few at most, then the graph stops using CUDA
+graphs). Outputs are views of the graph's own output memory (outputs that alias an input
+stay views of the caller's tensor), and a result the caller keeps is never overwritten:
+before each replay, each output buffer's use count says whether anything still holds a
+tensor of it from the last call. If so, the graph is captured again into fresh memory, and
+from then on each replay copies that buffer out (outputs that share memory still do); the
+others stay the graph's own. A loop that drops its outputs (inference) pays for no copy; a
+training loop that keeps its last loss (`loss = step(batch)`) copies the loss, not the
+activations saved beside it. torch.compile hands out the graph's buffers too, but
+overwrites them, and raises when an overwritten one is read.
 
 Graphs that cannot be captured run as they are, with the reason logged once on
 `TORCH_LOGS=cudagraphs`: CPU tensors among the inputs, symbolic sizes, no tensor input."""
@@ -22,6 +25,7 @@ Graphs that cannot be captured run as they are, with the reason logged once on
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -69,6 +73,7 @@ class _Capture:
         self.buffers: dict = {}            # copied position -> static buffer
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
+        self.watched: list = []            # those handed out as they are (not copied): checked before a replay
         self.spec = None
         self.streak: dict = {}             # copied position -> replays in a row it came at one address
         self.last: dict = {}               # copied position -> its address at the last replay
@@ -111,6 +116,15 @@ def _held(flat: torch.Tensor) -> bool:
     return _USE_COUNT(flat.untyped_storage()._cdata) > 2
 
 
+_GRAPHED: "weakref.WeakSet[CudaGraphed]" = weakref.WeakSet()   # every graph that may hold a capture
+
+
+def _captured_outputs(but: "CudaGraphed") -> set:
+    """The addresses of the output memory of every live capture but `but`'s."""
+    return {st.data_ptr() for g in list(_GRAPHED) if g is not but and g.capture is not None
+            for st in g.capture.storages}
+
+
 def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
     """Record, for each tensor output, where its memory comes from (capture time)."""
     inputs = {}
@@ -147,8 +161,9 @@ class CudaGraphed:
         self.n_captures = 0
         self.disabled: Optional[str] = None
         self.pool = torch.cuda.graph_pool_handle()
-        self.copies = False                # outputs were kept across calls: copy them out
+        self.copied: set = set()           # output buffers (their index) a caller kept across calls: copied out
         self.moving: set = set()           # positions read in place once that moved: copied for good
+        _GRAPHED.add(self)
 
     def __getattr__(self, item):           # what AOT and the debug tools read off the compiled graph
         return getattr(self.__dict__["compiled"], item)
@@ -163,7 +178,9 @@ class CudaGraphed:
             if _addresses(args, cap.inplace_order) == cap.inplace_ptrs:
                 return self._replay(cap, args)
             moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
-            movable = [i for i in moved if i not in self.mutated]
+            # another graph's outputs that moved (it captured again) are still read in place
+            produced = _captured_outputs(self)
+            movable = [i for i in moved if i not in self.mutated and args[i].untyped_storage().data_ptr() not in produced]
             self.moving.update(movable)
             _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
                  moved, " (they are copied from now on)" if movable else "")
@@ -172,7 +189,9 @@ class CudaGraphed:
         if self.first_ptrs is None:        # warm-up: libraries set up their workspaces outside the capture
             self.first_ptrs = ptrs
             return self.compiled(*args)
-        inplace = {i for i, p in ptrs.items() if self.first_ptrs.get(i) == p} | set(self.mutated)
+        produced = _captured_outputs(self)
+        inplace = {i for i, p in ptrs.items() if self.first_ptrs.get(i) == p
+                   or args[i].untyped_storage().data_ptr() in produced} | set(self.mutated)
         return self._capture(args, inplace)
 
     def _capture(self, args, inplace: set):
@@ -202,22 +221,24 @@ class CudaGraphed:
             return self.compiled(*args)
         flat, cap.spec = pytree.tree_flatten(out)
         _plan_outputs(cap, flat, static)
+        cap.watched = [st for k, st in enumerate(cap.storages) if k not in self.copied]
         del out, flat      # the capture's own output tensors: nothing else holds the memory now
         cap.inplace_order = sorted(cap.ptrs)
         cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
         self.capture = cap
         self.n_captures += 1
-        _log(logging.INFO, "cudagraphs: %s captured for input shapes %s: %d inputs read in place, %d copied",
-             self.name, [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], len(cap.ptrs),
-             len(cap.buffers))
+        produced = _captured_outputs(self)
+        _log(logging.INFO, "cudagraphs: %s captured for input shapes %s: %d inputs read in place (%d of them "
+             "another graph's outputs), %d copied", self.name,
+             [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)], len(cap.ptrs),
+             sum(args[i].untyped_storage().data_ptr() in produced for i in cap.ptrs), len(cap.buffers))
         return self._replay(cap, args)
 
     def _release(self, cap: _Capture) -> set:
-        """Drop a capture before the next is made: its static input buffers (a backward's
-        copies of every saved tensor) go back to the allocator before the new capture
-        allocates. Returns the positions it read in place."""
+        """Drop a capture before the next is made: its static input buffers go back to the
+        allocator before the new capture allocates. Returns the positions it read in place."""
         self.capture = None
-        cap.buffers, cap.storages = {}, []
+        cap.buffers, cap.storages, cap.watched = {}, [], []
         return set(cap.inplace)
 
     def _settled(self, cap: _Capture, srcs: list) -> set:
@@ -231,11 +252,13 @@ class CudaGraphed:
         return {i for i in cap.buffers if cap.streak[i] >= SETTLE_STREAK and i not in self.moving}
 
     def _replay(self, cap: _Capture, args) -> Any:
-        if not self.copies and any(map(_held, cap.storages)):
+        if any(map(_held, cap.watched)):
             # the caller still holds an output of the last replay: this one would write over it
-            self.copies = True
-            _log(logging.INFO, "cudagraphs: %s: an output of the last replay is still held; capturing again into "
-                 "fresh memory, and copying outputs out of it from now on", self.name)
+            held = [k for k, st in enumerate(cap.storages) if k not in self.copied and _held(st)]
+            self.copied.update(held)
+            _log(logging.INFO, "cudagraphs: %s: output buffer(s) %s of the last replay still held; capturing again "
+                 "into fresh memory, and copying those out of it from now on (%d of %d)", self.name, held,
+                 len(self.copied), len(cap.storages))
             return self._capture(args, self._release(cap))
         if cap.buffers:
             srcs = [args[i] for i in cap.buffers]
@@ -246,7 +269,9 @@ class CudaGraphed:
                 return self._capture(args, self._release(cap) | settled)
             torch._foreach_copy_(list(cap.buffers.values()), srcs)
         cap.graph.replay()
-        storages = [st.clone() for st in cap.storages] if self.copies else cap.storages
+        storages = cap.storages
+        if self.copied:
+            storages = [st.clone() if k in self.copied else st for k, st in enumerate(storages)]
         outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
         return pytree.tree_unflatten(outs, cap.spec)
 

@@ -8,7 +8,8 @@ reduce-overhead) and ours (default and reduce-overhead), side by side in one run
 Inference (torch.no_grad, bf16 weights): GPT-2 124M on 8x512 tokens, a Llama-style ~1B
 (16 layers, d=2048, GQA) on 4x512, BERT-base 16x256, T5-base 8x256 (encoder and decoder),
 ViT-B/16 and ResNet-50 on 32x3x224x224 (torchvision), Whisper-small's encoder on 8 clips.
-Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 and the Llama.
+Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 and the Llama;
+the step's loss is kept until the next step returns, as `loss = step(batch)` in a loop keeps it.
 Per model and implementation: ms per call (CUDA events, median of --iters after warm-up),
 speedup over eager, cold compile seconds (the calls until the first timed one, fresh caches),
 peak memory (GiB); then geomeans of the speedups per implementation, inference and training
@@ -174,13 +175,19 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
             o.zero_grad()
             return loss
         fn = compiled(impl, step)
-        call = lambda: fn(model, opt, inputs)    # noqa: E731
+        last = [None]
+
+        def call():       # as a training loop does (`loss = step(batch)`): the last loss is kept during the next step
+            last[0] = fn(model, opt, inputs)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     warm = 3 if impl.endswith("-ro") else 2
     warm_memory = None
     if MEMORY:   # the compiling calls recorded too: their peak is part of the peak reported
-        warm_memory = peak_sites(lambda: [call() for _ in range(warm)])
+        def warm_calls():   # each result dropped before the next call, as in the timed calls
+            for _ in range(warm):
+                call()
+        warm_memory = peak_sites(warm_calls)
         warm = 0
     cold, ms, host_ms, tput_ms = measure(call, iters, warm=warm)
     peak = torch.cuda.max_memory_allocated() / 2**30
