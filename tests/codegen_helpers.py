@@ -48,3 +48,24 @@ def stack_of_blocks():
             x = F.gelu(F.layer_norm(x @ w + 1.0, (w.shape[1],)))
         return x
     return stack, (torch.randn(16, 32), *ws)
+
+
+def peak_bytes(call) -> int:
+    """The most CPU memory call() held at once beyond what it started with, from the
+    profiler's allocation events (their running "Total Allocated")."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        call()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"]
+    events.sort(key=lambda e: e["ts"])
+    assert events, "the profiler recorded no allocation"
+    start = events[0]["args"]["Total Allocated"] - events[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in events) - start

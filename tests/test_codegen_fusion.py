@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import observe
-from codegen_helpers import check, compile_graph, stack_of_blocks
+from codegen_helpers import check, compile_graph, peak_bytes, stack_of_blocks
 
 X = torch.randn(8, 32)
 
@@ -122,6 +122,27 @@ def test_dead_buffers_memory_is_reused_or_updated_in_place():
         check(lambda x, w: torch.softmax(torch.mm(x, w), 0) * 2, X, torch.randn(32, 16), rtol=1e-4, atol=1e-5)
     sched = "\n".join(cap.texts(log="schedule"))
     assert "reuses the memory of" in sched or "computed in place" in sched, sched
+
+
+def test_a_residual_stack_holds_about_as_much_memory_as_eager():
+    """Pre-norm residual blocks, as in a transformer encoder. Two things held every block's
+    outputs alive to the end of the call: the residual sum, recomputed by each layer norm
+    from all the outputs before it, and dead buffers kept for a reuse many blocks later
+    (Whisper-small's encoder: 0.87 GiB at the peak, torch.compile 0.43)."""
+    d = 256
+    ws = [torch.randn(d, d) / 16 for _ in range(12)]
+
+    def stack(h, *ws):
+        for wa, w1, w2 in zip(ws[0::3], ws[1::3], ws[2::3]):
+            h = h + F.layer_norm(h, (d,)) @ wa
+            h = h + F.gelu(F.layer_norm(h, (d,)) @ w1) @ w2
+        return h
+
+    x = torch.randn(512, d)
+    compiled = check(stack, x, *ws, rtol=1e-4, atol=1e-4)
+    eager, ours = peak_bytes(lambda: stack(x, *ws)), peak_bytes(lambda: compiled(x, *ws))
+    one = x.numel() * x.element_size()
+    assert ours <= eager + one, (ours / one, eager / one)     # was 7 activations to eager's 3
 
 
 def test_a_multi_output_call_is_dropped_once_unpacked_and_unread_outputs_are_not_kept():

@@ -14,7 +14,7 @@ from torch.utils import _pytree as pytree
 
 from ..exact_values import compared_with_its_extreme
 from . import values as V
-from .index import contiguous_strides, index_var
+from .index import contiguous_strides, index_var, numel
 from .ir import (UNDECLARED_VIEWS, ComputedBuffer, ExternKernel, ExternOutput, InputBuffer, Layout,
                  Pointwise, TensorValue, strided_value)
 
@@ -326,7 +326,18 @@ class GraphLowering:
         nodes = V.walk(tv.loader(syms))
         ops = [n for n in nodes if n.kind in ("op", "masked", "iload")]
         costly = [n for n in ops if n.name in _TRANSCENDENTAL]
-        return len(ops) <= 12 and len(costly) <= 1 and len([n for n in nodes if n.kind in ("load", "iload")]) <= 4
+        loads = [n for n in nodes if n.kind in ("load", "iload")]
+        return len(ops) <= 12 and len(costly) <= 1 and len(loads) <= 4 and self._whole_tensors_read(tv, loads) <= 2
+
+    def _whole_tensors_read(self, tv: TensorValue, loads: list) -> int:
+        """How many buffers of tv's own size its loads read. Each user that recomputes tv
+        keeps them all alive until it runs: a residual stream recomputed as `x + a1 + m1 + a2`
+        by each layer norm held every layer's attention and MLP outputs (a 12-layer encoder
+        at 3.4x eager's activation memory), where storing the sum frees them."""
+        size = numel(tv.sizes)
+        layouts = self.buffer_layouts
+        return len({ld.name for ld in loads if ld.name in layouts
+                    and sympy.expand(numel(layouts[ld.name].sizes) - size) == 0})
 
     def _realize_shared_bases(self, outs, lowerings) -> None:
         """Results that are views of one intermediate in eager (`t[1:]` and `t[1:][::2]`) must
