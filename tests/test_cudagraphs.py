@@ -74,19 +74,24 @@ def test_a_new_shape_captures_again():
     assert len([s for s in shown if "captured for input shapes" in s]) == 2, shown
 
 
-def test_training_steps_with_adamw_match_eager():
+def step(m, o, x):
+    loss = m(x).pow(2).mean()
+    loss.backward()
+    o.step()
+    o.zero_grad()
+    return loss
+
+
+def twins_with_adamw():
+    """Two equal models, each with its AdamW: one for eager, one for the compiled step."""
     model = mlp()
     twin = copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    return ((model, torch.optim.AdamW(model.parameters(), lr=1e-2)),
+            (twin, torch.optim.AdamW(twin.parameters(), lr=1e-2)))
 
-    def step(m, o, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
 
+def test_training_steps_with_adamw_match_eager():
+    (model, opt), (twin, twin_opt) = twins_with_adamw()
     compiled = engine.compile(step, mode="reduce-overhead")
     with logs("cudagraphs") as shown:
         for _ in range(6):
@@ -103,18 +108,7 @@ def test_training_steps_with_adamw_match_eager():
 
 
 def test_a_training_loop_that_keeps_its_losses_copies_only_the_loss():
-    model = mlp()
-    twin = copy.deepcopy(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
-
-    def step(m, o, x):
-        loss = m(x).pow(2).mean()
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss
-
+    (model, opt), (twin, twin_opt) = twins_with_adamw()
     compiled = engine.compile(step, mode="reduce-overhead")
     xs = [torch.randn(8, 64, device=DEV) for _ in range(6)]
     with logs("cudagraphs") as shown:

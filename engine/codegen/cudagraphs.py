@@ -180,7 +180,8 @@ class CudaGraphed:
             moved = [i for i, p in cap.ptrs.items() if args[i].data_ptr() != p]
             # another graph's outputs that moved (it captured again) are still read in place
             produced = _captured_outputs(self)
-            movable = [i for i in moved if i not in self.mutated and args[i].untyped_storage().data_ptr() not in produced]
+            movable = [i for i in moved
+                       if i not in self.mutated and args[i].untyped_storage().data_ptr() not in produced]
             self.moving.update(movable)
             _log(logging.INFO, "cudagraphs: %s: input(s) %s read in place moved; capturing again%s", self.name,
                  moved, " (they are copied from now on)" if movable else "")
