@@ -240,18 +240,25 @@ def test_transformer_block_training_step_grads_match():
     assert k.sources          # forward and backward kernels are Triton
 
 
-@pytest.mark.parametrize("keys", [256, 200])
-def test_attention_with_a_padding_mask_runs_the_memory_efficient_kernel(keys):
-    """BERT's attention under a compiler gets a bool padding mask; traced on fake tensors
-    it took the math path (float32 scores, two bmms). The memory-efficient kernel runs it,
-    forward and backward, with eager's results; 200 keys need the bias rows padded."""
+@pytest.mark.parametrize("keys,mask_kind", [(256, "padding"), (200, "padding"), (256, "causal")])
+def test_a_masked_attention_runs_a_fused_kernel(keys, mask_kind):
+    """Transformers' attention under a compiler gets a mask: BERT's bool padding mask, GPT-2's
+    additive causal one. Traced on fake tensors it took the math path (float32 scores, two
+    bmms); cuDNN's kernel (where torch says it runs the call) or the memory-efficient one runs
+    it, forward and backward, with eager's results; 200 keys need the bias rows padded for the
+    memory-efficient kernel."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(4, 6, keys, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    mask = torch.ones(4, 1, 1, keys, dtype=torch.bool, device=DEV)
-    mask[1, ..., keys // 2:] = False
+    if mask_kind == "padding":
+        mask = torch.ones(4, 1, 1, keys, dtype=torch.bool, device=DEV)
+        mask[1, ..., keys // 2:] = False
+    else:
+        causal = torch.ones(keys, keys, dtype=torch.bool, device=DEV).tril()
+        mask = torch.zeros(1, 1, keys, keys, dtype=torch.bfloat16, device=DEV).masked_fill(~causal, float("-inf"))
 
     def attn(q, k, v, mask):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.expand(4, 1, keys, keys), scale=0.125)
+        full = mask.expand(4, 1, keys, keys) if mask.dtype == torch.bool else mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=full, scale=0.125)
 
     with Kernels() as kern:
         got = engine.compile(attn)(q, k, v, mask)
@@ -265,7 +272,9 @@ def test_attention_with_a_padding_mask_runs_the_memory_efficient_kernel(keys):
     for g, t in zip(grads, (q, k, v)):
         torch.testing.assert_close(g.float(), t.grad.float(), rtol=5e-2, atol=5e-2)
     code = "\n".join(kern.wrappers)
-    assert "_scaled_dot_product_efficient_attention" in code and "torch.bmm" not in code, code
+    assert ("_scaled_dot_product_cudnn_attention" in code or "_scaled_dot_product_efficient_attention" in code) \
+        and "torch.bmm" not in code, code
+    print("kernel:", "cudnn" if "_scaled_dot_product_cudnn_attention" in code else "efficient")
 
 
 def test_dynamic_sizes_one_compile_many_shapes():

@@ -67,6 +67,12 @@ class GraphMeta:
     graph_output_fakes: list[torch.Tensor]
     graph_output_requires_grad: list[bool]
     fallback_reason: Optional[str] = None
+    flat_out_type: Any = None             # list or tuple when out_spec is one of leaves only: built without pytree
+
+    def __post_init__(self):
+        s = self.out_spec
+        if s is not None and s.type in (list, tuple) and s == pytree.tree_structure(s.type([0] * s.num_children)):
+            self.flat_out_type = s.type
 
     @property
     def num_mutations(self) -> int:

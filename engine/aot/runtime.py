@@ -67,6 +67,8 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
                 leaves.append(out)
         else:
             leaves.append(o.constant)
+    if meta.flat_out_type is not None:
+        return meta.flat_out_type(leaves)
     return pytree.tree_unflatten(leaves, meta.out_spec)
 
 

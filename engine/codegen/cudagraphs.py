@@ -73,8 +73,12 @@ class _Capture:
         self.buffers: dict = {}            # copied position -> static buffer
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors
-        self.watched: list = []            # those handed out as they are (not copied): checked before a replay
+        self.watched: list = []            # (index, storage, its own use count) of those handed out as they
+                                           # are (not copied): checked before a replay
+        self.templates: list = []          # per output: a tensor over the graph's memory a replay hands out
+                                           # detached (one C++ call), or None (made by its _Out)
         self.spec = None
+        self.flat_type = None              # list or tuple when the graph returns a flat one (no unflatten)
         self.streak: dict = {}             # copied position -> replays in a row it came at one address
         self.last: dict = {}               # copied position -> its address at the last replay
         self.settling = SETTLE_REPLAYS     # replays left in which a copied input may still settle
@@ -108,12 +112,17 @@ def _addresses(args, positions: list) -> list:
 
 
 _USE_COUNT = torch._C._storage_Use_Count
+_DETACH = torch.Tensor.detach
 
 
-def _held(flat: torch.Tensor) -> bool:
-    """Whether anything but `flat` (and the storage object asked) refers to its memory: a
-    tensor handed out by the last replay, or a view of one."""
-    return _USE_COUNT(flat.untyped_storage()._cdata) > 2
+def _use_count(flat: torch.Tensor) -> int:
+    return _USE_COUNT(flat.untyped_storage()._cdata)
+
+
+def _held(watched: tuple) -> bool:
+    """Whether anything but the graph's own tensors refers to a storage's memory: a tensor
+    handed out by the last replay, or a view of one. `watched`: (index, flat, own use count)."""
+    return _use_count(watched[1]) > watched[2]
 
 
 _GRAPHED: "weakref.WeakSet[CudaGraphed]" = weakref.WeakSet()   # every graph that may hold a capture
@@ -125,8 +134,9 @@ def _captured_outputs(but: "CudaGraphed") -> set:
             for st in g.capture.storages}
 
 
-def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
-    """Record, for each tensor output, where its memory comes from (capture time)."""
+def _plan_outputs(cap: "_Capture", outs: list, static: list, copied: set) -> None:
+    """Record, for each tensor output, where its memory comes from (capture time), and a
+    template for each one a replay hands out from the graph's own memory (not `copied`)."""
     inputs = {}
     for i, a in enumerate(static):
         if isinstance(a, torch.Tensor):
@@ -147,6 +157,8 @@ def _plan_outputs(cap: "_Capture", outs: list, static: list) -> None:
             k = own[ptr] = len(cap.storages)
             cap.storages.append(torch.empty((0,), dtype=torch.uint8, device=o.device).set_(st, 0, (st.nbytes(),), (1,)))
         cap.outs.append(_Out(o, None, k, o.storage_offset()))
+    cap.templates = [o.make(static, cap.storages) if isinstance(o, _Out) and o.storage_index is not None
+                     and o.storage_index not in copied else None for o in cap.outs]
 
 
 class CudaGraphed:
@@ -221,9 +233,11 @@ class CudaGraphed:
             torch.cuda.synchronize()
             return self.compiled(*args)
         flat, cap.spec = pytree.tree_flatten(out)
-        _plan_outputs(cap, flat, static)
-        cap.watched = [st for k, st in enumerate(cap.storages) if k not in self.copied]
-        del out, flat      # the capture's own output tensors: nothing else holds the memory now
+        if type(out) in (list, tuple) and len(flat) == len(out) and all(a is b for a, b in zip(flat, out)):
+            cap.flat_type = type(out)
+        _plan_outputs(cap, flat, static, self.copied)
+        del out, flat      # the capture's own output tensors: only the templates hold the memory now
+        cap.watched = [(k, st, _use_count(st)) for k, st in enumerate(cap.storages) if k not in self.copied]
         cap.inplace_order = sorted(cap.ptrs)
         cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
         self.capture = cap
@@ -239,7 +253,7 @@ class CudaGraphed:
         """Drop a capture before the next is made: its static input buffers go back to the
         allocator before the new capture allocates. Returns the positions it read in place."""
         self.capture = None
-        cap.buffers, cap.storages, cap.watched = {}, [], []
+        cap.buffers, cap.storages, cap.watched, cap.templates = {}, [], [], []
         return set(cap.inplace)
 
     def _settled(self, cap: _Capture, srcs: list) -> set:
@@ -255,7 +269,7 @@ class CudaGraphed:
     def _replay(self, cap: _Capture, args) -> Any:
         if any(map(_held, cap.watched)):
             # the caller still holds an output of the last replay: this one would write over it
-            held = [k for k, st in enumerate(cap.storages) if k not in self.copied and _held(st)]
+            held = [w[0] for w in cap.watched if _held(w)]
             self.copied.update(held)
             _log(logging.INFO, "cudagraphs: %s: output buffer(s) %s of the last replay still held; capturing again "
                  "into fresh memory, and copying those out of it from now on (%d of %d)", self.name, held,
@@ -273,8 +287,9 @@ class CudaGraphed:
         storages = cap.storages
         if self.copied:
             storages = [st.clone() if k in self.copied else st for k, st in enumerate(storages)]
-        outs = [o.make(args, storages) if isinstance(o, _Out) else o for o in cap.outs]
-        return pytree.tree_unflatten(outs, cap.spec)
+        outs = [_DETACH(t) if t is not None else o.make(args, storages) if isinstance(o, _Out) else o
+                for t, o in zip(cap.templates, cap.outs)]
+        return cap.flat_type(outs) if cap.flat_type is not None else pytree.tree_unflatten(outs, cap.spec)
 
 
 def wrap(compiled, example_inputs, name: str, mutated=frozenset()):

@@ -208,6 +208,11 @@ def wait(timeout: Optional[float] = None) -> bool:
     return _state["module"] is not None
 
 
+def build_error() -> Optional[str]:
+    """Why the checker did not build (its first line), or None."""
+    return _state["failed"]
+
+
 def spec_of(m) -> tuple:
     """A TensorMeta as the C++ constructor takes it."""
     dev = torch.device(m.device)
