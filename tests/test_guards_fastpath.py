@@ -5,6 +5,7 @@ per-thread disabled flag) change nothing a user can see."""
 import inspect
 import threading
 
+import pytest
 import torch
 
 import engine
@@ -114,27 +115,38 @@ def test_a_disabled_region_in_one_thread_does_not_disable_another():
     assert served_by(f, double, x)[1] == ["0/0"]
 
 
-def test_guards_walk_to_each_module_once_per_check(monkeypatch):
+@pytest.mark.parametrize("native", [False, True], ids=["python", "c++"])
+def test_guards_walk_to_each_module_once_per_check(monkeypatch, native):
     """A model's guards (its parameters' TENSOR_MATCH, its modules' attributes) read each
     module on the way once per check, not once per guard, and through the module's own dicts
-    (`_modules['0']`, `_parameters['weight']`), never Module.__getattr__; a changed parameter
-    still fails."""
+    (`_modules['0']`, `_parameters['weight']`), never Module.__getattr__, in the generated
+    Python and in the C++ program alike; a changed parameter still fails."""
+    from engine.guards import native as cpp
+    from engine.guards.program import OPS
+    if native and not cpp.wait(timeout=600):
+        pytest.skip(f"the C++ guard checker did not build here: {cpp.build_error()}")
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
                                   for _ in range(3)])
 
     def fwd(m, x):
         return m(x)
 
-    f = engine.compile(fwd, backend="eager")
-    x = torch.randn(2, 4)
-    f(model, x)
+    with config.patch(native_guards=native):
+        f = engine.compile(fwd, backend="eager")
+        x = torch.randn(2, 4)
+        f(model, x)
     (entry,) = runtime.cache_for(fwd.__code__).entries
     calls = []
     real = torch.nn.Module.__getattr__
     monkeypatch.setattr(torch.nn.Module, "__getattr__", lambda self, name: calls.append(name) or real(self, name))
     assert entry.guards.check({"m": model, "x": x}, fwd.__globals__)
     assert calls == []
-    assert "._modules['1']" in entry.guards.code and "._parameters['weight']" in entry.guards.code
+    if native:
+        reads = [(OPS[op], a) for op, _, _, _, _, a, _, _ in entry.guards.program.code]
+        assert "___program(L, G)" in entry.guards.code
+        assert reads.count(("ATTR", "_modules")) == 4 and ("ITEM", "1") in reads and ("ITEM", "weight") in reads
+    else:
+        assert "._modules['1']" in entry.guards.code and "._parameters['weight']" in entry.guards.code
     monkeypatch.undo()
     model[1][0].weight = torch.nn.Parameter(torch.randn(4, 5))
     assert not entry.guards.check({"m": model, "x": x}, fwd.__globals__)
@@ -150,7 +162,8 @@ def test_an_optimizer_steps_guards_look_up_each_parameters_state_once(monkeypatc
     model(torch.randn(3, 4)).sum().backward()
     step()
     step()
-    (entry,) = [e for c in runtime._CACHES.values() for e in c.entries if ".state" in e.guards.code]
+    (entry,) = [e for c in runtime._CACHES.values() for e in c.entries
+                if any(".state" in g.source for g in e.guards.guards)]
     frame = {"self": opt, "closure": None}
     step_globals = inspect.unwrap(type(opt).step).__globals__
     with torch.no_grad():
@@ -161,6 +174,10 @@ def test_an_optimizer_steps_guards_look_up_each_parameters_state_once(monkeypatc
         assert entry.guards.check(frame, step_globals)
         monkeypatch.undo()
         assert len(hashed) == 4          # one state lookup per parameter
-        assert "state)) is" in entry.guards.code and "[___p" in entry.guards.code
+        if entry.guards.program is not None and "___program" in entry.guards.code:    # the C++ checker
+            from engine.guards.program import OPS
+            assert [OPS[i[0]] for i in entry.guards.program.code].count("ITEM_REG") == 4
+        else:
+            assert "state)) is" in entry.guards.code and "[___p" in entry.guards.code
         opt.state[model[0].weight]["exp_avg"] = torch.zeros(5, 4)
         assert not entry.guards.check(frame, step_globals)

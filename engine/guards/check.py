@@ -7,14 +7,16 @@ import ast
 import builtins
 import dataclasses
 import os
-import re
 import sys
 from typing import Any, Callable, Optional
 
 import torch
 import torch.utils._device as _utils_device
 
+from .chains import SharedPrefixes
 from .guard import Guard, TensorMeta, global_state
+from .program import Program
+from .program import build as build_program
 from .render import expression, user_suffix
 
 
@@ -124,18 +126,18 @@ class CompiledGuards:
     check: Callable[[dict, dict], bool]   # the generated fast path
     code: str                             # its source, for debugging
     namespace: dict
-    native_code: Optional[str] = None     # the fast path with its tensor guards in one C++ call
-    native_specs: Optional[list] = None   # (native.py) the expected tensors, in that call's order
+    program: Optional[Program] = None       # the guards the C++ checker can test (program.py)
+    program_code: Optional[str] = None      # the fast path calling it, with the other guards in Python
 
     def use_native(self) -> None:
-        """Switch the fast path to the C++ tensor checker (engine/guards/native.py)."""
+        """Switch the fast path to the C++ checker (engine/guards/native.py)."""
         from . import native
-        specs = native.checker(self.native_specs)
-        if specs is None or self.native_code is None:
+        checker = native.checker(self.program) if self.program is not None else None
+        if checker is None:
             return
-        ns = dict(self.namespace, ___tensors=specs)
-        exec(compile(self.native_code, "<engine guards>", "exec"), ns)
-        self.check, self.code = ns["___check_guards"], self.native_code
+        ns = dict(self.namespace, ___program=checker)
+        exec(compile(self.program_code, "<engine guards>", "exec"), ns)
+        self.check, self.code = ns["___check_guards"], self.program_code
 
     def failures(self, L: dict, G: dict) -> list[str]:
         """Every failing guard as a sentence (the slow path, used for recompile reasons):
@@ -181,183 +183,43 @@ def _base_namespace() -> dict:
     return {"___global_state": global_state_tuple, "__builtins__": builtins, "sys": sys, "torch": torch}
 
 
-# Sources that are chains of plain reads from a frame's locals, its globals or a module:
-# L['m'].layers[0].weight, getattr(L['m'].layer, '0').norm, sys.modules['x'].__dict__['y']
-_CHAIN_HEAD = re.compile(r"""^(?:[LG]|sys\.modules)\[(?:'[^'\\]*'|"[^"\\]*")\]""")
-_CHAIN_STEP = re.compile(r"""\.[A-Za-z_]\w*|\[(?:-?\d+|'[^'\\]*'|"[^"\\]*")\]""")
-_NAME_ARG = re.compile(r"""\s*('[^'\\]*'|"[^"\\]*")\s*\)""")
-
-
-def _chain(source: str) -> Optional[list]:
-    """[(prefix, render)]: each prefix of a chain source, shortest first, with how to read it
-    from the expression of the one before (a function, or for a subscript whose key is a
-    chain itself, that key's source); None for any other source."""
-    if source.startswith("getattr("):
-        inner_end = _outside_brackets(source, len("getattr("), ",")
-        if inner_end is None:
-            return None
-        base = _chain(source[len("getattr("):inner_end])
-        m = _NAME_ARG.match(source, inner_end + 1)
-        if base is None or m is None:
-            return None
-        steps = base + [(source[:m.end()], lambda e, n=m.group(1): f"getattr({e}, {n})")]
-        pos = m.end()
-    else:
-        m = _CHAIN_HEAD.match(source)
-        if m is None:
-            return None
-        steps, pos = [(m.group(0), None)], m.end()
-    while pos < len(source):
-        step = _CHAIN_STEP.match(source, pos)
-        if step is not None:
-            pos = step.end()
-            steps.append((source[:pos], lambda e, t=step.group(0): e + t))
-            continue
-        # a key that is itself a chain: an optimizer's `state[<a parameter>]`
-        end = _outside_brackets(source, pos + 1, "]") if source.startswith("[", pos) else None
-        if end is None or _chain(source[pos + 1:end]) is None:
-            return None
-        steps.append((source[:end + 1], source[pos + 1:end]))
-        pos = end + 1
-    return steps
-
-
-def _outside_brackets(text: str, start: int, char: str) -> Optional[int]:
-    """The index of the first `char` at or after start that is outside any brackets and
-    quotes opened after start: the comma that ends getattr's first argument, the `]` that
-    closes a subscript."""
-    depth, quote = 0, None
-    for i in range(start, len(text)):
-        c = text[i]
-        if quote:
-            if c == quote:
-                quote = None
-        elif c == char and depth == 0:
-            return i
-        elif c in "'\"":
-            quote = c
-        elif c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-    return None
-
-
-class SharedPrefixes:
-    """Each object on the way to a value is read once per call, not once per use: a module's
-    parameters share the walk down to their module (Module.__getattr__ costs a microsecond a
-    step; BERT's 200 parameters took 1300 of them). The expressions bind the prefixes they
-    read first (`(___p0 := L['m'].bert)`) and reuse them after, so they must be evaluated in
-    the order they were asked for: guards run in order and return at the first failure, and
-    a graph call's arguments are evaluated left to right."""
-
-    def __init__(self, lookup: Optional[Callable[[str], Any]] = None):
-        self.names: dict = {}
-        self.lookup = lookup     # source -> its value at compile time (to read modules' dicts directly)
-
-    def expression(self, source: str) -> str:
-        chain = _chain(source)
-        if chain is None:
-            return source
-        text, prev = None, None
-        for prefix, render in chain:
-            name = self.names.get(prefix)
-            if name is not None:
-                text = name
-            elif render is None:
-                text = prefix      # the head: a dict lookup already
-            elif isinstance(render, str):      # a key read through its own shared prefixes
-                key = self.expression(render)
-                name = self.names[prefix] = f"___p{len(self.names)}"
-                text = f"({name} := {text}[{key}])"
-            else:
-                slot = self._module_slot(prev, prefix) if self.lookup is not None else None
-                name = self.names[prefix] = f"___p{len(self.names)}"
-                text = f"({name} := {text}{slot})" if slot else f"({name} := {render(text)})"
-            prev = prefix
-        return text
-
-    def _module_slot(self, parent_source: str, source: str) -> Optional[str]:
-        """`._modules['layer1']` for the step `.layer1` (`._parameters['weight']`,
-        `._buffers[...]`; `getattr(m, '0')` or `[0]` of a ModuleList or Sequential:
-        `._modules['0']`) where the parent is an nn.Module that holds the name there and
-        nothing shadows it: a dict read instead of Module.__getattr__ (a Python call that
-        runs after normal lookup fails), as PyTorch's own guards read modules. A module that
-        later holds it elsewhere fails the guard (KeyError), which recompiles."""
-        name, index = _step_of(parent_source, source)
-        if name is None and index is None:
-            return None
-        try:
-            parent = self.lookup(parent_source)
-        except Exception:
-            return None
-        if not isinstance(parent, torch.nn.Module):
-            return None
-        if index is not None:
-            keys = list(parent._modules)
-            if not isinstance(parent, (torch.nn.Sequential, torch.nn.ModuleList)) or \
-                    keys != [str(i) for i in range(len(keys))] or index >= len(keys):
-                return None
-            return f"._modules[{str(index)!r}]"
-        if name in vars(parent) or hasattr(type(parent), name):
-            return None
-        for slot in ("_parameters", "_buffers", "_modules"):
-            if name in vars(parent).get(slot, {}):
-                return f".{slot}[{name!r}]"
-        return None
-
-
-def _step_of(parent_source: str, source: str) -> tuple:
-    """(attribute name, None) or (None, index) of the last step from parent_source to source
-    (`.layer1`, `getattr(..., '0')`, `[2]`); (None, None) for any other step."""
-    g = re.fullmatch(r"getattr\((.*), '([^'\\]*)'\)", source)
-    if g is not None:
-        return (g.group(2), None) if g.group(1) == parent_source else (None, None)
-    if not source.startswith(parent_source):
-        return None, None
-    m = re.fullmatch(r"\.([A-Za-z_]\w*)|\[(\d+)\]", source[len(parent_source):])
-    if m is None:
-        return None, None
-    return (m.group(1), None) if m.group(1) else (None, int(m.group(2)))
-
-
 def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] = None) -> CompiledGuards:
     """lookup: a source's value in the frame being compiled (SharedPrefixes)."""
     from . import native
     ns = _base_namespace()
-    shared = SharedPrefixes(lookup)
-    conds, bound = [], {}     # bound: source -> the name its TENSOR_MATCH test binds (___t3)
-    tensor_reads = {}         # guard index -> `___t3 = <its source>`: the C++ checker's form
-    for i, g in enumerate(guards):
-        if g.kind == "NO_TENSOR_ALIASING":   # the tensors the guards before it already read
-            conds.append(_distinct_test([bound.get(src) or shared.expression(src) for src in g.expected]))
-            continue
-        expr = shared.expression(g.source) if g.source else None
-        conds.append(_condition(g, i, ns, expr))
-        if g.kind == "TENSOR_MATCH":
-            bound[g.source] = f"___t{i}"
-            tensor_reads[i] = f"___t{i} = {expr}"
-    code = _source(conds, {}, None)
+    code = _source(_conditions(guards, range(len(guards)), ns, SharedPrefixes(lookup)))
     exec(compile(code, "<engine guards>", "exec"), ns)
     compiled = CompiledGuards(list(guards), ns["___check_guards"], code, ns)
-    if tensor_reads:
-        # the same tests in the same order, the tensors only read where they were tested;
-        # all of them tested at the end, in one call (True only if every guard holds, so
-        # the order of the tests does not change the answer)
-        compiled.native_code = _source(conds, tensor_reads,
-                                       f"___tensors(({''.join(f'___t{i}, ' for i in tensor_reads)}))")
-        compiled.native_specs = [native.spec_of(guards[i].expected) for i in tensor_reads]
+    program = build_program(guards, SharedPrefixes(lookup))
+    if program is not None:
+        # the guards the program does not test, in order, in Python; the program called
+        # where its first guard stood (True only if every guard holds: the order of the
+        # tests does not change the answer)
+        rest = [i for i in range(len(guards)) if i not in set(program.native)]
+        conds = _conditions(guards, rest, ns, SharedPrefixes(lookup))
+        conds.insert(sum(i < program.native[0] for i in rest), "___program(L, G)")
+        compiled.program, compiled.program_code = program, _source(conds)
         native.when_ready(compiled)
     return compiled
 
 
-def _source(conds: list, reads: dict, last: Optional[str]) -> str:
-    """The fast path's text: each condition in turn, or for a guard in `reads`, only the
-    read it stands for; then `last`."""
-    lines = [f"        {reads[i]}" if i in reads else f"        if not ({c}):\n            return False"
-             for i, c in enumerate(conds)]
-    if last:
-        lines.append(f"        if not {last}:\n            return False")
+def _conditions(guards: list[Guard], which, ns: dict, shared: SharedPrefixes) -> list[str]:
+    """The Python test of each guard in `which`, in order; the prefixes they read shared."""
+    conds, bound = [], {}     # bound: source -> the name its TENSOR_MATCH test binds (___t3)
+    for i in which:
+        g = guards[i]
+        if g.kind == "NO_TENSOR_ALIASING":   # the tensors the guards before it already read
+            conds.append(_distinct_test([bound.get(src) or shared.expression(src) for src in g.expected]))
+            continue
+        conds.append(_condition(g, i, ns, shared.expression(g.source) if g.source else None))
+        if g.kind == "TENSOR_MATCH":
+            bound[g.source] = f"___t{i}"
+    return conds
+
+
+def _source(conds: list) -> str:
+    """The fast path's text: each condition in turn."""
+    lines = [f"        if not ({c}):\n            return False" for c in conds]
     return ("def ___check_guards(L, G):\n"
             "    try:\n"
             f"{chr(10).join(lines) or '        pass'}\n"

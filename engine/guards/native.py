@@ -1,11 +1,13 @@
-"""Tensor guards checked in C++: one call checks every TENSOR_MATCH of a cache entry.
+"""The C++ guard checker: a cache entry's guards (those program.py can express) run as one
+C++ call.
 
-A tensor guard in generated Python reads six properties (type, dtype, device,
-requires_grad, sizes, strides), each through an attribute or method call that builds a
-Python object: about 0.4 us a tensor on the CPU machines, and a ResNet-50 or BERT-base
-forward guards 200-300 of them on every call, before its first kernel starts. Here the
-expected properties are unpacked once into C++ structs, and each call reads them off the
-TensorImpl: tens of nanoseconds a tensor.
+Generated Python spends about 0.1 us on each attribute read, `type(...) is`, `==` and
+`len`, and about 0.4 us on a tensor guard (six properties, each read through a call that
+builds a Python object). A ResNet-50 forward guards some 1,300 module attributes and 268
+tensors on every call, before its first kernel starts. Here a straight-line program reads
+each object on the way once into a register and runs each test through the C API; the
+expected tensor properties are unpacked once into C++ structs and read off each
+TensorImpl: tens of nanoseconds a guard.
 
 The extension is built once per machine, Python and torch (the system C++ compiler against
 torch's headers, about 10-25 s) on a background thread, into `engine.config.native_dir`.
@@ -33,6 +35,7 @@ import observe
 _SOURCE = r"""
 #include <torch/csrc/autograd/python_variable.h>
 #include <pybind11/pybind11.h>
+#include <algorithm>
 #include <vector>
 
 namespace py = pybind11;
@@ -72,25 +75,29 @@ class TensorSpecs {
     }
   }
 
-  bool check(py::tuple tensors) const {
-    if (tensors.size() != specs_.size()) return false;
-    for (size_t i = 0; i < specs_.size(); i++) {
-      PyObject* o = PyTuple_GET_ITEM(tensors.ptr(), i);
-      const Spec& s = specs_[i];
-      if (Py_TYPE(o) != s.type) return false;     // the exact type, as `type(t) is T`
-      const at::Tensor& t = THPVariable_Unpack(o);
-      if (t.scalar_type() != s.dtype || t.requires_grad() != s.requires_grad) return false;
-      const c10::Device d = t.device();
-      if (d.type() != s.device_type || (s.device_index >= 0 && d.index() != s.device_index)) return false;
-      if (t.layout() != c10::kStrided) return false;
-      const auto sizes = t.sizes();
-      if (sizes.size() != s.sizes.size()) return false;
-      const auto strides = t.strides();
-      for (size_t k = 0; k < s.sizes.size(); k++) {
-        if ((s.sizes[k] >= 0 && sizes[k] != s.sizes[k]) || (s.strides[k] >= 0 && strides[k] != s.strides[k]))
-          return false;
-      }
+  size_t size() const { return specs_.size(); }
+
+  static bool matches(PyObject* o, const Spec& s) {
+    if (Py_TYPE(o) != s.type) return false;     // the exact type, as `type(t) is T`
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (t.scalar_type() != s.dtype || t.requires_grad() != s.requires_grad) return false;
+    const c10::Device d = t.device();
+    if (d.type() != s.device_type || (s.device_index >= 0 && d.index() != s.device_index)) return false;
+    if (t.layout() != c10::kStrided) return false;
+    const auto sizes = t.sizes();
+    if (sizes.size() != s.sizes.size()) return false;
+    const auto strides = t.strides();
+    for (size_t k = 0; k < s.sizes.size(); k++) {
+      if ((s.sizes[k] >= 0 && sizes[k] != s.sizes[k]) || (s.strides[k] >= 0 && strides[k] != s.strides[k]))
+        return false;
     }
+    return true;
+  }
+
+  bool check_all(PyObject* const* tensors, size_t n) const {
+    if (n != specs_.size()) return false;
+    for (size_t i = 0; i < n; i++)
+      if (!matches(tensors[i], specs_[i])) return false;
     return true;
   }
 
@@ -99,10 +106,173 @@ class TensorSpecs {
   std::vector<py::object> types_;   // keeps the type objects alive
 };
 
-PYBIND11_MODULE(engine_tensor_guards, m) {
-  py::class_<TensorSpecs>(m, "TensorSpecs")
-      .def(py::init<py::list>())
-      .def("__call__", &TensorSpecs::check);
+// A cache entry's guards as a straight-line program (engine/guards/program.py builds it):
+// each read puts an object in a register, each test returns false when it fails, in the
+// order of the generated Python. Any error (a missing key, an attribute that raises) is a
+// failed guard, as the Python function's `except Exception: return False`.
+enum Op {
+  LOCAL, GLOBAL, SYSMOD, ATTR, ITEM, ITEM_REG, TYPE_IS, ID_IS, EQ, LEN, KEYS, HASATTR, TENSOR, SAME, DISTINCT
+};
+
+struct Instr {
+  int op, dst, src, src2;
+  Py_ssize_t n;
+  PyObject* a;                // borrowed: kept alive by GuardProgram::refs_
+  PyObject* b;
+  std::vector<int> regs;
+};
+
+class GuardProgram {
+ public:
+  // code: [(op, dst, src, src2, n, a, b, regs)], registers: how many, specs: TensorSpecs's
+  GuardProgram(py::list code, int registers, py::list specs) : registers_(registers), specs_(specs) {
+    for (auto item : code) {
+      py::tuple t = item.cast<py::tuple>();
+      Instr in;
+      in.op = t[0].cast<int>();
+      in.dst = t[1].cast<int>();
+      in.src = t[2].cast<int>();
+      in.src2 = t[3].cast<int>();
+      in.n = t[4].cast<Py_ssize_t>();
+      refs_.push_back(py::reinterpret_borrow<py::object>(t[5]));
+      refs_.push_back(py::reinterpret_borrow<py::object>(t[6]));
+      in.a = t[5].ptr();
+      in.b = t[6].ptr();
+      for (auto r : t[7].cast<py::list>()) in.regs.push_back(r.cast<int>());
+      if (in.op == TENSOR) tensors_++;
+      code_.push_back(std::move(in));
+    }
+    if (tensors_ != specs_.size()) throw std::invalid_argument("one spec per TENSOR instruction");
+  }
+
+  bool check(py::object L, py::object G) const {
+    std::vector<PyObject*> regs(registers_, nullptr);
+    std::vector<PyObject*> tensors;
+    tensors.reserve(tensors_);
+    bool ok = run(L.ptr(), G.ptr(), regs.data(), tensors) && specs_.check_all(tensors.data(), tensors.size());
+    for (PyObject* r : regs) Py_XDECREF(r);
+    if (!ok && PyErr_Occurred()) PyErr_Clear();
+    return ok;
+  }
+
+ private:
+  static PyObject* item(PyObject* o, PyObject* key) {      // a new reference, or null
+    if (PyDict_CheckExact(o)) {
+      PyObject* v = PyDict_GetItemWithError(o, key);
+      if (v == nullptr) return nullptr;
+      Py_INCREF(v);
+      return v;
+    }
+    return PyObject_GetItem(o, key);
+  }
+
+  static bool same_keys(PyObject* o, PyObject* expected) {  // list(o.keys()) == expected
+    if (PyDict_CheckExact(o)) {
+      if (PyDict_GET_SIZE(o) != PyList_GET_SIZE(expected)) return false;
+      Py_ssize_t pos = 0, i = 0;
+      PyObject *key, *value;
+      while (PyDict_Next(o, &pos, &key, &value)) {
+        int r = PyObject_RichCompareBool(key, PyList_GET_ITEM(expected, i++), Py_EQ);
+        if (r != 1) return false;
+      }
+      return true;
+    }
+    PyObject* keys = PyObject_CallMethod(o, "keys", nullptr);
+    if (keys == nullptr) return false;
+    PyObject* list = PySequence_List(keys);
+    Py_DECREF(keys);
+    if (list == nullptr) return false;
+    int r = PyObject_RichCompareBool(list, expected, Py_EQ);
+    Py_DECREF(list);
+    return r == 1;
+  }
+
+  bool run(PyObject* L, PyObject* G, PyObject** regs, std::vector<PyObject*>& tensors) const {
+    for (const Instr& in : code_) {
+      switch (in.op) {
+        case LOCAL:
+        case GLOBAL:
+        case SYSMOD: {
+          PyObject* d = in.op == LOCAL ? L : in.op == GLOBAL ? G : PyImport_GetModuleDict();
+          PyObject* v = item(d, in.a);
+          if (v == nullptr) return false;
+          regs[in.dst] = v;
+          break;
+        }
+        case ATTR: {
+          PyObject* v = PyObject_GetAttr(regs[in.src], in.a);
+          if (v == nullptr) return false;
+          regs[in.dst] = v;
+          break;
+        }
+        case ITEM:
+        case ITEM_REG: {
+          PyObject* v = item(regs[in.src], in.op == ITEM ? in.a : regs[in.src2]);
+          if (v == nullptr) return false;
+          regs[in.dst] = v;
+          break;
+        }
+        case TYPE_IS:
+          if (reinterpret_cast<PyObject*>(Py_TYPE(regs[in.src])) != in.a) return false;
+          break;
+        case ID_IS:
+          if (regs[in.src] != in.a) return false;
+          break;
+        case EQ: {                       // type(v) is T and v == expected
+          PyObject* v = regs[in.src];
+          if (reinterpret_cast<PyObject*>(Py_TYPE(v)) != in.b) return false;
+          if (PyObject_RichCompareBool(v, in.a, Py_EQ) != 1) return false;
+          break;
+        }
+        case LEN:
+          if (PyObject_Length(regs[in.src]) != in.n) return false;
+          break;
+        case KEYS:
+          if (!same_keys(regs[in.src], in.a)) return false;
+          break;
+        case HASATTR: {                  // hasattr(v, name) is bool(n): only AttributeError means absent
+          PyObject* v = PyObject_GetAttr(regs[in.src], in.a);
+          if (v != nullptr) {
+            Py_DECREF(v);
+            if (!in.n) return false;
+          } else {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return false;
+            PyErr_Clear();
+            if (in.n) return false;
+          }
+          break;
+        }
+        case TENSOR:
+          tensors.push_back(regs[in.src]);
+          break;
+        case SAME:
+          if (regs[in.src] != regs[in.src2]) return false;
+          break;
+        case DISTINCT: {
+          std::vector<PyObject*> objs;
+          for (int r : in.regs) objs.push_back(regs[r]);
+          std::sort(objs.begin(), objs.end());
+          if (std::adjacent_find(objs.begin(), objs.end()) != objs.end()) return false;
+          break;
+        }
+        default:
+          return false;
+      }
+    }
+    return true;
+  }
+
+  int registers_;
+  size_t tensors_ = 0;
+  TensorSpecs specs_;
+  std::vector<Instr> code_;
+  std::vector<py::object> refs_;
+};
+
+PYBIND11_MODULE(engine_native_guards, m) {
+  py::class_<GuardProgram>(m, "GuardProgram")
+      .def(py::init<py::list, int, py::list>())
+      .def("__call__", &GuardProgram::check);
 }
 """
 
@@ -121,11 +291,11 @@ def _build(directory: str):
     from torch.utils.cpp_extension import include_paths, library_paths
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     tag = _tag()
-    path = os.path.join(directory, f"engine_tensor_guards_{tag}{suffix}")
+    path = os.path.join(directory, f"engine_native_guards_{tag}{suffix}")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)
         mine = f"{os.getpid()}.{threading.get_ident()}"     # processes may build side by side
-        src = os.path.join(directory, f"engine_tensor_guards_{tag}.{mine}.cpp")
+        src = os.path.join(directory, f"engine_native_guards_{tag}.{mine}.cpp")
         with open(src, "w") as f:
             f.write(_SOURCE)
         tmp = f"{path}.{mine}.tmp"
@@ -141,8 +311,8 @@ def _build(directory: str):
             os.replace(tmp, path)
         finally:
             os.remove(src)
-    loader = importlib.machinery.ExtensionFileLoader("engine_tensor_guards", path)
-    spec = importlib.util.spec_from_file_location("engine_tensor_guards", path, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader("engine_native_guards", path)
+    spec = importlib.util.spec_from_file_location("engine_native_guards", path, loader=loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
@@ -181,12 +351,14 @@ def _start() -> bool:
     return True
 
 
-def checker(specs: list):
-    """A C++ function of a tuple of tensors that says whether each matches its spec, or
-    None while the extension is not built (or is turned off)."""
+def checker(program):
+    """The C++ function of (L, G) that runs a program.Program, or None while the extension
+    is not built (or is turned off)."""
     from engine import config
     mod = _state["module"]
-    return mod.TensorSpecs(specs) if mod is not None and config.native_guards else None
+    if mod is None or not config.native_guards:
+        return None
+    return mod.GuardProgram(program.code, program.registers, [spec_of(t) for t in program.tensors])
 
 
 def when_ready(compiled) -> None:
