@@ -299,9 +299,10 @@ class GraphLowering:
         row-major where that makes more of its same-size loads coalesced. Whisper's residual
         stream starts as a permuted convolution output, and eager keeps that order through all
         twelve layers: every residual add then read its matmul's row-major output across the
-        rows (121 us a kernel on an H200 where the coalesced add takes 26). torch.compile's
-        inductor also lays intermediates out row-major. Graph outputs keep eager's strides.
-        Returns a fake tensor for `realize`: eager's, or one with row-major strides."""
+        rows (121 us a kernel on an H200; stored row-major, the add fuses into the next layer
+        norm, 15-23 us). torch.compile's inductor also lays intermediates out row-major. Graph
+        outputs keep eager's strides. Returns a fake tensor for `realize`: eager's, or one with
+        row-major strides."""
         fake = fake_of(node)
         if not isinstance(fake, torch.Tensor) or fake.dim() < 2 or fake.is_contiguous() \
                 or any(u.op == "output" for u in node.users) \
@@ -321,7 +322,7 @@ class GraphLowering:
         whole = [sympy.expand(ld.extra) for ld in loads if ld.name in layouts
                  and sympy.expand(numel(layouts[ld.name].sizes) - size) == 0]
 
-        def coalesced(d):
+        def coalesced(d):     # loads whose next element along dim d is the next in memory
             return sum(1 for e in whole if sympy.expand(e.subs(syms[d], syms[d] + 1) - e) == 1)
         if coalesced(eager_inner) > coalesced(inner[-1]):
             return fake

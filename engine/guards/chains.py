@@ -17,15 +17,15 @@ _CHAIN_STEP = re.compile(r"""\.[A-Za-z_]\w*|\[(?:-?\d+|'[^'\\]*'|"[^"\\]*")\]"""
 _NAME_ARG = re.compile(r"""\s*('[^'\\]*'|"[^"\\]*")\s*\)""")
 
 
-def _chain(source: str) -> Optional[list]:
+def chain(source: str) -> Optional[list]:
     """[(prefix, render)]: each prefix of a chain source, shortest first, with how to read it
     from the expression of the one before (a function, or for a subscript whose key is a
     chain itself, that key's source); None for any other source."""
     if source.startswith("getattr("):
-        inner_end = _outside_brackets(source, len("getattr("), ",")
+        inner_end = outside_brackets(source, len("getattr("), ",")
         if inner_end is None:
             return None
-        base = _chain(source[len("getattr("):inner_end])
+        base = chain(source[len("getattr("):inner_end])
         m = _NAME_ARG.match(source, inner_end + 1)
         if base is None or m is None:
             return None
@@ -43,15 +43,15 @@ def _chain(source: str) -> Optional[list]:
             steps.append((source[:pos], lambda e, t=step.group(0): e + t))
             continue
         # a key that is itself a chain: an optimizer's `state[<a parameter>]`
-        end = _outside_brackets(source, pos + 1, "]") if source.startswith("[", pos) else None
-        if end is None or _chain(source[pos + 1:end]) is None:
+        end = outside_brackets(source, pos + 1, "]") if source.startswith("[", pos) else None
+        if end is None or chain(source[pos + 1:end]) is None:
             return None
         steps.append((source[:end + 1], source[pos + 1:end]))
         pos = end + 1
     return steps
 
 
-def _outside_brackets(text: str, start: int, char: str) -> Optional[int]:
+def outside_brackets(text: str, start: int, char: str) -> Optional[int]:
     """The index of the first `char` at or after start that is outside any brackets and
     quotes opened after start: the comma that ends getattr's first argument, the `]` that
     closes a subscript."""
@@ -85,11 +85,11 @@ class SharedPrefixes:
         self.lookup = lookup     # source -> its value at compile time (to read modules' dicts directly)
 
     def expression(self, source: str) -> str:
-        chain = _chain(source)
-        if chain is None:
+        links = chain(source)
+        if links is None:
             return source
         text, prev = None, None
-        for prefix, render in chain:
+        for prefix, render in links:
             name = self.names.get(prefix)
             if name is not None:
                 text = name
@@ -113,7 +113,7 @@ class SharedPrefixes:
         nothing shadows it: a dict read instead of Module.__getattr__ (a Python call that
         runs after normal lookup fails), as PyTorch's own guards read modules. A module that
         later holds it elsewhere fails the guard (KeyError), which recompiles."""
-        name, index = _step_of(parent_source, source)
+        name, index = step_of(parent_source, source)
         if name is None and index is None:
             return None
         try:
@@ -136,7 +136,7 @@ class SharedPrefixes:
         return None
 
 
-def _step_of(parent_source: str, source: str) -> tuple:
+def step_of(parent_source: str, source: str) -> tuple:
     """(attribute name, None) or (None, index) of the last step from parent_source to source
     (`.layer1`, `getattr(..., '0')`, `[2]`); (None, None) for any other step."""
     g = re.fullmatch(r"getattr\((.*), '([^'\\]*)'\)", source)

@@ -16,6 +16,7 @@ import ast
 import dataclasses
 from typing import Any, Optional
 
+from .chains import SharedPrefixes, chain, step_of
 from .guard import Guard
 
 OPS = ("LOCAL", "GLOBAL", "SYSMOD", "ATTR", "ITEM", "ITEM_REG", "TYPE_IS", "ID_IS", "EQ", "LEN", "KEYS",
@@ -35,8 +36,8 @@ class Program:
 
 
 class _Builder:
-    def __init__(self, shared):
-        self.shared = shared   # check.SharedPrefixes: its chain parser and module-slot lookup
+    def __init__(self, shared: SharedPrefixes):
+        self.shared = shared   # for its module-slot lookup (`._modules['layer1']` for `.layer1`)
         self.code: list = []
         self.regs: dict = {}   # source prefix (or a prefix with its module slot) -> register
 
@@ -48,13 +49,12 @@ class _Builder:
         """The reads that bring `source` into a register, as (key, op, parent key, argument)
         for the prefixes not read yet (`known`: those read already); None where a step is
         not a plain read."""
-        from .chains import _chain, _step_of
-        chain = _chain(source)
-        if chain is None:
+        links = chain(source)
+        if links is None:
             return None
         out, prev = [], None
         known = set(self.regs) if known is None else known
-        for prefix, render in chain:
+        for prefix, render in links:
             if prefix in known:
                 prev = prefix
                 continue
@@ -79,7 +79,7 @@ class _Builder:
                         known.add(holder)
                     out.append((prefix, "ITEM", holder, key))
                 else:
-                    name, index = _step_of(prev, prefix)
+                    name, index = step_of(prev, prefix)
                     if name is not None:
                         out.append((prefix, "ATTR", prev, name))
                     elif index is not None or prefix[len(prev):].startswith("["):
@@ -111,9 +111,9 @@ class _Builder:
         return self.regs[source]
 
 
-def build(guards: list[Guard], shared) -> Optional[Program]:
-    """The program for the guards it can check (None when there are none); `shared`: a
-    check.SharedPrefixes with the compile-time lookup."""
+def build(guards: list[Guard], shared: SharedPrefixes) -> Optional[Program]:
+    """The program for the guards it can check (None when there are none); `shared` holds
+    the compile-time lookup of sources."""
     b = _Builder(shared)
     tensors, native = [], []
     for i, g in enumerate(guards):
