@@ -2,6 +2,7 @@
 softmax is one kernel with one pass per phase over each row, pointwise chains keep their
 intermediates in registers, dead buffers are reused, and every decision is on the bus."""
 
+import math
 import torch
 import torch.nn.functional as F
 
@@ -313,3 +314,51 @@ def test_the_layers_of_a_stack_call_one_compiled_kernel_each_copy():
     code = c.artifacts["output_code.py"]
     assert sum(line.endswith("# the same kernel") for line in code.splitlines()) == 3, code
     assert code.count('extern "C" void kernel') == 2, code
+
+
+def _stored_orders(fn, *inputs, numel):
+    """The sizes, outermost dim first, of each 3-d buffer of `numel` elements fn's kernels store."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from engine.codegen import decomposition_table
+    from engine.codegen.graph import GraphLowering
+    from engine.codegen.ir import ComputedBuffer
+
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*inputs)
+    g = GraphLowering(gm, list(inputs)).run()
+    return [tuple(int(s) for s in n.layout.sizes) for n in g.nodes
+            if isinstance(n, ComputedBuffer) and len(n.layout.sizes) == 3 and math.prod(int(s) for s in n.layout.sizes) == numel]
+
+
+def test_a_permuted_residual_stream_is_stored_row_major():
+    """Whisper's encoder permutes its convolution's output to (batch, frames, channels), and
+    eager keeps the frames innermost in every residual sum after it. Stored that way, each
+    residual add read its matmul's row-major output across the rows (121 us a kernel on an
+    H200). The stored sums are row-major here; the result is eager's, with eager's strides."""
+    conv = torch.nn.Conv1d(8, 16, 3, padding=1)
+    layers = [torch.nn.Linear(16, 16) for _ in range(3)]
+
+    def encoder(x, *params):
+        h = F.gelu(conv(x)).permute(0, 2, 1)       # (2, 40, 16), frames innermost
+        for lin in layers:
+            h = h + lin(F.layer_norm(h, (16,)))
+        return F.layer_norm(h, (16,))
+
+    x = torch.randn(2, 8, 40)
+    with torch.no_grad():
+        check(encoder, x, rtol=1e-4, atol=1e-4)
+        orders = _stored_orders(encoder, x, numel=2 * 40 * 16)
+    assert orders and all(o == (2, 40, 16) for o in orders), orders
+
+
+def test_an_intermediate_read_in_eagers_order_keeps_it():
+    """A value every kernel reads in its input's permuted order (a channels-last net's
+    activations) is stored in eager's order: row-major would make each read strided."""
+    def f(x):
+        h = x.permute(0, 2, 1).exp().sin()         # (2, 40, 16), frames innermost, as x lies
+        return h.sum(-1), (h * x.permute(0, 2, 1)).amax(1)
+
+    x = torch.randn(2, 16, 40)
+    check(f, x)
+    orders = _stored_orders(f, x, numel=2 * 40 * 16)
+    assert (2, 16, 40) in orders and (2, 40, 16) not in orders, orders
