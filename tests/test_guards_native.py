@@ -125,6 +125,9 @@ CHANGES = {
     "a dict's keys": lambda m, x: m.blocks[0].opts.update(gate=1),
     "a dict's value": lambda m, x: m.blocks[0].opts.update(act="gelu"),
     "an attribute added": lambda m, x: setattr(m.blocks[2], "doubled", True),
+    "a submodule added": lambda m, x: setattr(m.blocks[2], "doubled", torch.nn.Identity()),
+    "a buffer added": lambda m, x: m.blocks[1].register_buffer("doubled", torch.ones(())),
+    "a parameter added": lambda m, x: setattr(m.blocks[0], "doubled", torch.nn.Parameter(torch.ones(()))),
     "a module appended": lambda m, x: m.blocks.append(Block()),
     "a module replaced": lambda m, x: setattr(m.blocks[1], "norm", torch.nn.Identity()),
     "a module's setting": lambda m, x: setattr(m.blocks[0].norm, "eps", 1e-3),
@@ -167,3 +170,21 @@ def test_two_arguments_that_are_one_tensor_are_told_apart():
             L = {"a": args[0], "b": args[1]}
             assert e.guards.check(L, add.__globals__) == python_check(e.guards)(L, add.__globals__)
     assert sorted(e.guards.check({"a": x, "b": x}, add.__globals__) for e in entries(add)) == [False, True]
+
+
+def test_a_class_changed_after_compiling_is_read_again():
+    """`hasattr(module, name)` is answered from the module's dicts while its class is the one
+    compiled against; a class given the attribute afterwards changes the answer."""
+    model, x = Net(), torch.randn(2, 4)
+    f = engine.compile(run, backend="eager")
+    f(model, x)
+    compiled = entries(run)[0].guards
+    L, G = {"m": model, "x": x}, run.__globals__
+    assert compiled.check(L, G)
+    Block.doubled = True
+    try:
+        assert compiled.check(L, G) is False and python_check(compiled)(L, G) is False
+        torch.testing.assert_close(f(model, x), run(model, x))
+    finally:
+        del Block.doubled
+    assert compiled.check(L, G)

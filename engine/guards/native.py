@@ -111,7 +111,8 @@ class TensorSpecs {
 // order of the generated Python. Any error (a missing key, an attribute that raises) is a
 // failed guard, as the Python function's `except Exception: return False`.
 enum Op {
-  LOCAL, GLOBAL, SYSMOD, ATTR, ITEM, ITEM_REG, TYPE_IS, ID_IS, EQ, LEN, KEYS, HASATTR, TENSOR, SAME, DISTINCT
+  LOCAL, GLOBAL, SYSMOD, ATTR, ITEM, ITEM_REG, TYPE_IS, ID_IS, EQ, LEN, KEYS, HASATTR, TENSOR, SAME, DISTINCT,
+  MODULE_HASATTR
 };
 
 struct Instr {
@@ -120,6 +121,7 @@ struct Instr {
   PyObject* a;                // borrowed: kept alive by GuardProgram::refs_
   PyObject* b;
   std::vector<int> regs;
+  unsigned int tag = 0;       // MODULE_HASATTR: the module class's version tag when compiled (0: none)
 };
 
 class GuardProgram {
@@ -140,6 +142,7 @@ class GuardProgram {
       in.b = t[6].ptr();
       for (auto r : t[7].cast<py::list>()) in.regs.push_back(r.cast<int>());
       if (in.op == TENSOR) tensors_++;
+      if (in.op == MODULE_HASATTR) in.tag = reinterpret_cast<PyTypeObject*>(in.b)->tp_version_tag;
       code_.push_back(std::move(in));
     }
     if (tensors_ != specs_.size()) throw std::invalid_argument("one spec per TENSOR instruction");
@@ -164,6 +167,36 @@ class GuardProgram {
       return v;
     }
     return PyObject_GetItem(o, key);
+  }
+
+  static int hasattr(PyObject* o, PyObject* name) {         // 1, 0, or -1 on another error
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v != nullptr) {
+      Py_DECREF(v);
+      return 1;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
+  }
+
+  // hasattr(m, name) for a module whose class reads attributes as nn.Module does (object's
+  // __getattribute__, then Module.__getattr__ over _parameters, _buffers and _modules),
+  // without Module.__getattr__'s Python call and its formatted AttributeError: about 2 us
+  // a guard, and transformers' attention layers each guard `hasattr(self, ...) is False`.
+  // A name the class itself has (a method, a property) is asked the usual way.
+  static int module_hasattr(PyObject* o, PyObject* name) {
+    if (_PyType_Lookup(Py_TYPE(o), name) != nullptr) return hasattr(o, name);
+    PyObject* d = PyObject_GenericGetDict(o, nullptr);
+    if (d == nullptr) return -1;
+    int found = PyDict_Contains(d, name);
+    for (const char* slot : {"_parameters", "_buffers", "_modules"}) {
+      if (found != 0) break;
+      PyObject* held = PyDict_GetItemString(d, slot);
+      if (held != nullptr) found = PySequence_Contains(held, name);
+    }
+    Py_DECREF(d);
+    return found;
   }
 
   static bool same_keys(PyObject* o, PyObject* expected) {  // list(o.keys()) == expected
@@ -230,16 +263,14 @@ class GuardProgram {
         case KEYS:
           if (!same_keys(regs[in.src], in.a)) return false;
           break;
-        case HASATTR: {                  // hasattr(v, name) is bool(n): only AttributeError means absent
-          PyObject* v = PyObject_GetAttr(regs[in.src], in.a);
-          if (v != nullptr) {
-            Py_DECREF(v);
-            if (!in.n) return false;
-          } else {
-            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return false;
-            PyErr_Clear();
-            if (in.n) return false;
-          }
+        case HASATTR:                    // hasattr(v, name) is bool(n): only AttributeError means absent
+          if (hasattr(regs[in.src], in.a) != in.n) return false;
+          break;
+        case MODULE_HASATTR: {           // the same, read as nn.Module reads it while its class is unchanged
+          PyObject* o = regs[in.src];
+          PyTypeObject* t = Py_TYPE(o);
+          bool plain = reinterpret_cast<PyObject*>(t) == in.b && in.tag != 0 && t->tp_version_tag == in.tag;
+          if ((plain ? module_hasattr(o, in.a) : hasattr(o, in.a)) != in.n) return false;
           break;
         }
         case TENSOR:

@@ -16,11 +16,13 @@ import ast
 import dataclasses
 from typing import Any, Optional
 
+import torch
+
 from .chains import SharedPrefixes, chain, step_of
 from .guard import Guard
 
 OPS = ("LOCAL", "GLOBAL", "SYSMOD", "ATTR", "ITEM", "ITEM_REG", "TYPE_IS", "ID_IS", "EQ", "LEN", "KEYS",
-       "HASATTR", "TENSOR", "SAME", "DISTINCT")
+       "HASATTR", "TENSOR", "SAME", "DISTINCT", "MODULE_HASATTR")
 OP = {name: i for i, name in enumerate(OPS)}
 _HEADS = {"L[": "LOCAL", "G[": "GLOBAL", "sys.modules[": "SYSMOD"}
 NATIVE_KINDS = frozenset({"TENSOR_MATCH", "TYPE_MATCH", "ID_MATCH", "EQUALS_MATCH", "LENGTH_CHECK", "DICT_KEYS",
@@ -111,6 +113,23 @@ class _Builder:
         return self.regs[source]
 
 
+def _plain_module_class(shared: SharedPrefixes, source: str) -> Optional[type]:
+    """The class of the nn.Module at `source` when it reads attributes as nn.Module does
+    (object's __getattribute__, then Module.__getattr__): MODULE_HASATTR answers hasattr
+    for it without a Python call, for as long as the class is not changed."""
+    if shared.lookup is None:
+        return None
+    try:
+        obj = shared.lookup(source)
+    except Exception:
+        return None
+    cls = type(obj)
+    if isinstance(obj, torch.nn.Module) and cls.__getattr__ is torch.nn.Module.__getattr__ \
+            and cls.__getattribute__ is object.__getattribute__:
+        return cls
+    return None
+
+
 def build(guards: list[Guard], shared: SharedPrefixes) -> Optional[Program]:
     """The program for the guards it can check (None when there are none); `shared` holds
     the compile-time lookup of sources."""
@@ -140,7 +159,11 @@ def build(guards: list[Guard], shared: SharedPrefixes) -> Optional[Program]:
         elif g.kind == "DICT_KEYS":
             b.emit("KEYS", src=r, a=list(e))
         elif g.kind == "HASATTR":
-            b.emit("HASATTR", src=r, a=e[0], n=int(bool(e[1])))
+            cls = _plain_module_class(shared, g.source)
+            if cls is not None:
+                b.emit("MODULE_HASATTR", src=r, a=e[0], b=cls, n=int(bool(e[1])))
+            else:
+                b.emit("HASATTR", src=r, a=e[0], n=int(bool(e[1])))
         elif g.kind == "DUPLICATE_INPUT":
             b.emit("SAME", src=r, src2=regs[1])
         else:
