@@ -188,3 +188,29 @@ def test_a_class_changed_after_compiling_is_read_again():
     finally:
         del Block.doubled
     assert compiled.check(L, G)
+
+
+class Dynamic(torch.nn.Module):
+    """A module whose own __getattr__ makes up an attribute."""
+
+    def __getattr__(self, name):
+        if name == "extra" and self.__dict__.get("on"):
+            return 1
+        return super().__getattr__(name)
+
+    def forward(self, x):
+        return x * 2 if hasattr(self, "extra") else x
+
+
+def test_a_module_with_its_own_getattr_is_asked_the_usual_way():
+    """`hasattr` on a module whose class has its own __getattr__ is asked through it: the
+    answer from the module's dicts would miss the attribute it makes up."""
+    from engine.guards.program import OPS
+
+    m, x = Dynamic(), torch.randn(3)
+    f = engine.compile(run, backend="eager")
+    torch.testing.assert_close(f(m, x), x)
+    ops = [OPS[i[0]] for i in entries(run)[0].guards.program.code]
+    assert "HASATTR" in ops and "MODULE_HASATTR" not in ops
+    m.on = True
+    torch.testing.assert_close(f(m, x), x * 2)

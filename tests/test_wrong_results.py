@@ -1029,3 +1029,35 @@ def test_a_view_from_a_graph_without_gradients_takes_a_write_that_requires_grad(
     out0.sum().backward()
     out1.sum().backward()
     torch.testing.assert_close(y1.grad, y0.grad)
+
+
+class Forwarding(torch.nn.Module):
+    """A module whose own __getattr__ answers names nn.Module's lookup does not (as PEFT's
+    wrappers forward to the model they wrap)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(3, 3)
+
+    def __getattr__(self, name):
+        if name == "scale" and self.__dict__.get("scaled"):
+            return 3.0
+        if name == "weight":
+            return self.inner.weight
+        return super().__getattr__(name)
+
+    def forward(self, x):
+        y = x @ self.weight.t()
+        return y * self.scale if hasattr(self, "scale") else y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_module_with_its_own_getattr_is_read_through_it(backend):
+    """The capture read a module's attributes as nn.Module does even when its class has its
+    own __getattr__: `hasattr(self, "scale")` was False at every compile, after the module
+    started answering it, and the result stayed the unscaled one."""
+    m, x = Forwarding(), torch.randn(2, 3)
+    f = engine.compile(lambda m, x: m(x), backend=backend)
+    same(f(m, x), m(x))
+    m.scaled = True
+    same(f(m, x), m(x))

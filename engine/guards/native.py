@@ -386,10 +386,15 @@ def checker(program):
     """The C++ function of (L, G) that runs a program.Program, or None while the extension
     is not built (or is turned off)."""
     from engine import config
+    from .program import OP, module_class_is_plain
     mod = _state["module"]
     if mod is None or not config.native_guards:
         return None
-    return mod.GuardProgram(program.code, program.registers, [spec_of(t) for t in program.tensors])
+    # the C++ side takes each MODULE_HASATTR class's version tag now: asked again here, in case
+    # the class changed since the guards were compiled
+    code = [(OP["HASATTR"], *ins[1:6], None, ins[7]) if ins[0] == OP["MODULE_HASATTR"]
+            and not module_class_is_plain(ins[6]) else ins for ins in program.code]
+    return mod.GuardProgram(code, program.registers, [spec_of(t) for t in program.tensors])
 
 
 def when_ready(compiled) -> None:

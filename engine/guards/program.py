@@ -123,11 +123,11 @@ def _plain_module_class(shared: SharedPrefixes, source: str) -> Optional[type]:
         obj = shared.lookup(source)
     except Exception:
         return None
-    cls = type(obj)
-    if isinstance(obj, torch.nn.Module) and cls.__getattr__ is torch.nn.Module.__getattr__ \
-            and cls.__getattribute__ is object.__getattribute__:
-        return cls
-    return None
+    return type(obj) if isinstance(obj, torch.nn.Module) and module_class_is_plain(type(obj)) else None
+
+
+def module_class_is_plain(cls: type) -> bool:
+    return cls.__getattr__ is torch.nn.Module.__getattr__ and cls.__getattribute__ is object.__getattribute__
 
 
 def build(guards: list[Guard], shared: SharedPrefixes) -> Optional[Program]:
