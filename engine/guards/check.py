@@ -190,12 +190,13 @@ def compile_guards(guards: list[Guard], lookup: Optional[Callable[[str], Any]] =
     code = _source(_conditions(guards, range(len(guards)), ns, SharedPrefixes(lookup)))
     exec(compile(code, "<engine guards>", "exec"), ns)
     compiled = CompiledGuards(list(guards), ns["___check_guards"], code, ns)
-    program = build_program(guards, SharedPrefixes(lookup))
+    program = build_program(guards, SharedPrefixes(lookup)) if native.wanted() else None
     if program is not None:
         # the guards the program does not test, in order, in Python; the program called
         # where its first guard stood (True only if every guard holds: the order of the
         # tests does not change the answer)
-        rest = [i for i in range(len(guards)) if i not in set(program.native)]
+        in_program = set(program.native)
+        rest = [i for i in range(len(guards)) if i not in in_program]
         conds = _conditions(guards, rest, ns, SharedPrefixes(lookup))
         conds.insert(sum(i < program.native[0] for i in rest), "___program(L, G)")
         compiled.program, compiled.program_code = program, _source(conds)

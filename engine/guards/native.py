@@ -397,6 +397,12 @@ def checker(program):
     return mod.GuardProgram(code, program.registers, [spec_of(t) for t in program.tensors])
 
 
+def wanted() -> bool:
+    """Whether guards should be made into programs: the checker is on and has not failed to build."""
+    from engine import config
+    return config.native_guards and _state["failed"] is None
+
+
 def when_ready(compiled) -> None:
     """Switch `compiled` (a CompiledGuards) to the C++ checker now if it is built, else
     when it is (starting the build)."""
