@@ -32,6 +32,8 @@ import torch
 
 import observe
 
+from .program import OPS
+
 _SOURCE = r"""
 #include <torch/csrc/autograd/python_variable.h>
 #include <pybind11/pybind11.h>
@@ -110,10 +112,7 @@ class TensorSpecs {
 // each read puts an object in a register, each test returns false when it fails, in the
 // order of the generated Python. Any error (a missing key, an attribute that raises) is a
 // failed guard, as the Python function's `except Exception: return False`.
-enum Op {
-  LOCAL, GLOBAL, SYSMOD, ATTR, ITEM, ITEM_REG, TYPE_IS, ID_IS, EQ, LEN, KEYS, HASATTR, TENSOR, SAME, DISTINCT,
-  MODULE_HASATTR
-};
+enum Op { @OPS@ };            // program.OPS, in its order
 
 struct Instr {
   int op, dst, src, src2;
@@ -305,7 +304,7 @@ PYBIND11_MODULE(engine_native_guards, m) {
       .def(py::init<py::list, int, py::list>())
       .def("__call__", &GuardProgram::check);
 }
-"""
+""".replace("@OPS@", ", ".join(OPS))
 
 _state: dict = {"module": None, "thread": None, "failed": None}
 _lock = threading.Lock()
