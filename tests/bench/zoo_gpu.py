@@ -4,6 +4,7 @@ reduce-overhead) and ours (default and reduce-overhead), side by side in one run
     python -m tests.bench.zoo_gpu                        # every model, inference and training
     python -m tests.bench.zoo_gpu --models gpt2,vit --impls eager,torch,ours --iters 20
     python -m tests.bench.zoo_gpu --models gpt2 --train '' --profile   # GPU busy time, top kernels
+    python -m tests.bench.zoo_gpu --gpus 2               # two processes at once, a GPU each
 
 Inference (torch.no_grad, bf16 weights): GPT-2 124M on 8x512 tokens, a Llama-style ~1B
 (16 layers, d=2048, GQA) on 4x512, BERT-base 16x256, T5-base 8x256 (encoder and decoder),
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 _TMP = tempfile.mkdtemp(prefix="zoo-gpu-")
 os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_TMP, "triton"))
@@ -293,15 +296,17 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
-def _run_child(name: str, train: bool, impl: str, args) -> dict:
-    """run_one in a fresh process; its output passes through, its row comes back as JSON."""
+def _run_child(name: str, train: bool, impl: str, args, gpu: Optional[int] = None) -> dict:
+    """run_one in a fresh process (on GPU `gpu` alone when given); its row comes back as JSON,
+    its output only when it fails."""
     import subprocess
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)) if gpu is not None else None
     path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
     cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
            "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
         + (["--memory"] if args.memory else []) + (["--host-profile"] if args.host_profile else []) \
         + ["--top", str(args.top)]
-    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0 or not os.path.exists(path):
         print(proc.stdout[-3000:], flush=True)
         raise RuntimeError(f"the child process exited with {proc.returncode}")
@@ -324,6 +329,9 @@ def main(argv=None):
     ap.add_argument("--same-process", action="store_true",
                     help="run every (model, implementation) in this process; by default each runs in a fresh "
                          "one, so none pays for or profits from another's imports, caches and leftover state")
+    ap.add_argument("--gpus", type=int, default=1,
+                    help="run this many (model, implementation) processes at once, each on a GPU of its own "
+                         "(a 2-GPU machine: --gpus 2); rows print in the usual order once a model's are all in")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
     global PROFILE, MEMORY, TOP, HOST_PROFILE
@@ -343,16 +351,27 @@ def main(argv=None):
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8} "
           f"{'host ms':>8} {'b2b ms':>8}", flush=True)
+    free_gpus = list(range(args.gpus))
+
+    def one(name, train, impl):
+        gpu = free_gpus.pop() if args.gpus > 1 else None
+        try:
+            return run_one(name, train, impl, args.iters) if args.same_process else \
+                _run_child(name, train, impl, args, gpu)
+        except Exception as exc:
+            traceback.print_exc()
+            return {"model": name, "mode": "train" if train else "infer", "impl": impl,
+                    "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        finally:
+            if gpu is not None:
+                free_gpus.append(gpu)
+
+    pool = ThreadPoolExecutor(max(1, args.gpus) if not args.same_process else 1)
+    pending = {(name, train, impl): pool.submit(one, name, train, impl) for name, train in work for impl in impls}
     for name, train in work:
         eager_ms = None
         for impl in impls:
-            try:
-                r = run_one(name, train, impl, args.iters) if args.same_process else \
-                    _run_child(name, train, impl, args)
-            except Exception as exc:
-                traceback.print_exc()
-                r = {"model": name, "mode": "train" if train else "infer", "impl": impl,
-                     "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            r = pending[(name, train, impl)].result()
             rows.append(r)
             if impl == "eager" and "ms" in r:
                 eager_ms = r["ms"]
