@@ -623,9 +623,9 @@ def max_pool2d_with_indices(g, x, kernel_size, stride=(), padding=0, dilation=1,
     if kh * kw > 49:
         return NotImplemented   # a window that wide is a reduction, not a row of loads
     if kh * kw > 1 and _costly_per_tap(g, x):
-        # each output recomputes its input at every tap: a ResNet's batch norm and relu (a
-        # square root and a division per element) nine times over took 0.33 ms a call on
-        # an H200; stored once and read back, 0.05 + 0.02 ms (torch.compile stores it too)
+        # each output would recompute its input at every tap: a ResNet's batch norm and relu
+        # (a square root and a division an element) nine times over, where storing it once
+        # costs a write and a read (torch.compile stores it too)
         x = g.realize(x, fake_of(g.current_node.args[0]))
     H, W = x.sizes[-2], x.sizes[-1]
     sizes = tuple(to_sympy(s) for s in vals_fake.shape)
