@@ -352,9 +352,10 @@ def main(argv=None):
     print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8} "
           f"{'host ms':>8} {'b2b ms':>8}", flush=True)
     free_gpus = list(range(args.gpus))
+    parallel = args.gpus > 1 and not args.same_process
 
     def one(name, train, impl):
-        gpu = free_gpus.pop() if args.gpus > 1 else None
+        gpu = free_gpus.pop() if parallel else None
         try:
             return run_one(name, train, impl, args.iters) if args.same_process else \
                 _run_child(name, train, impl, args, gpu)
@@ -366,12 +367,14 @@ def main(argv=None):
             if gpu is not None:
                 free_gpus.append(gpu)
 
-    pool = ThreadPoolExecutor(max(1, args.gpus) if not args.same_process else 1)
-    pending = {(name, train, impl): pool.submit(one, name, train, impl) for name, train in work for impl in impls}
+    pending = {}
+    if parallel:     # all started now, a GPU each as one frees; collected in order below
+        pool = ThreadPoolExecutor(args.gpus)
+        pending = {(m, t, i): pool.submit(one, m, t, i) for m, t in work for i in impls}
     for name, train in work:
         eager_ms = None
         for impl in impls:
-            r = pending[(name, train, impl)].result()
+            r = pending[(name, train, impl)].result() if pending else one(name, train, impl)
             rows.append(r)
             if impl == "eager" and "ms" in r:
                 eager_ms = r["ms"]
