@@ -25,6 +25,7 @@ import torch
 
 import observe
 
+from ..guards.program import module_class_is_plain
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
@@ -1468,7 +1469,10 @@ class Frame:
         if name in obj.deleted:
             raise self.exception(AttributeError, f"'{obj.cls.__name__}' object has no attribute '{name}'")
         value = obj.value
-        if not generic and (not isinstance(value, _GENERIC_GETATTR) or _own_module_getattr(value)):
+        # an nn.Module whose class reads attributes its own way (a `__getattr__` that makes up
+        # or forwards names, as PEFT's wrappers do): its lookup is traced, not nn.Module's
+        if not generic and (not isinstance(value, _GENERIC_GETATTR)
+                            or isinstance(value, torch.nn.Module) and not module_class_is_plain(type(value))):
             custom = obj.cls.__getattribute__
             if isinstance(custom, types.FunctionType) and not _is_torch_function(obj.cls):
                 # a Python __getattribute__ (a config's alias map, ...) is traced like any method; a
@@ -1900,14 +1904,6 @@ MODULE_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDi
 # objects whose attribute reads the capture models itself (or that have C lookups)
 _GENERIC_GETATTR = (types.ModuleType, type, torch.nn.Module, types.BuiltinFunctionType, types.MethodType,
                     functools.partial)
-def _own_module_getattr(value) -> bool:
-    """An nn.Module whose class reads attributes its own way (a `__getattr__` that makes up
-    or forwards names, as PEFT's wrappers do): its lookup is traced, not nn.Module's."""
-    cls = type(value)
-    return isinstance(value, torch.nn.Module) and (cls.__getattr__ is not torch.nn.Module.__getattr__
-                                                   or cls.__getattribute__ is not object.__getattribute__)
-
-
 _C_METHODS = (types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType)
 
 

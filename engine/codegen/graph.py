@@ -355,14 +355,19 @@ class GraphLowering:
                     return True
         return False
 
-    def _cheap_to_recompute(self, tv: TensorValue) -> bool:
+    def _cheap_to_recompute(self, tv: TensorValue, per_element: int = 1) -> bool:
         """A small pointwise expression used several times is recomputed by each user (and
-        fused into each) instead of being written to memory and read back."""
+        fused into each) instead of being written to memory and read back. `per_element`:
+        how many times each of one user's elements reads it (a 3x3 pool: nine taps), where
+        only a load and a few cheap ops are worth recomputing (not a batch norm's square
+        root and division, nine times an element; torch.compile stores that too)."""
         if self.as_strided(tv) is not None:
             return True
         syms = [index_var(f"v{i}", s) for i, s in enumerate(tv.sizes)]
         nodes = V.walk(tv.loader(syms))
         ops = [n for n in nodes if n.kind in ("op", "masked", "iload")]
+        if per_element > 1:
+            return len(ops) <= 4 and not any(n.name in _TRANSCENDENTAL or n.name in _DIVISIONS for n in ops)
         costly = [n for n in ops if n.name in _TRANSCENDENTAL]
         loads = [n for n in nodes if n.kind in ("load", "iload")]
         return len(ops) <= 12 and len(costly) <= 1 and len(loads) <= 4 and self._whole_tensors_read(tv, loads) <= 2
@@ -684,6 +689,8 @@ def _lowerable(fake) -> bool:
 # ops whose recomputation costs more than a load (GELU's backward has two of them)
 _TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "ndtr", "tanh", "sigmoid",
                    "sin", "cos", "tan", "pow", "atan", "atan2", "asin", "acos", "sinh", "cosh", "lgamma"}
+
+_DIVISIONS = {"sqrt", "rsqrt", "reciprocal", "truediv", "floordiv", "remainder"}
 
 _BY_DESIGN = {torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.convolution, torch.ops.aten.addmm,
               torch.ops.aten.baddbmm, torch.ops.aten.convolution_backward} | {

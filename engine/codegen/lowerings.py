@@ -10,7 +10,7 @@ import sympy
 import torch
 
 from . import values as V
-from .graph import _TRANSCENDENTAL, GraphLowering, Unsupported, fake_of, to_sympy
+from .graph import GraphLowering, Unsupported, fake_of, to_sympy
 from .index import flatten, floordiv, index_var, mod, unflatten
 from .ir import ComputedBuffer, Reduction, TensorValue
 
@@ -590,19 +590,6 @@ def constant_pad_nd(g, a, pad, value=0):
     return pointwise(sizes, dtype, device, fn)
 
 
-_COSTLY_OPS = {"sqrt", "rsqrt", "reciprocal", "truediv", "floordiv", "remainder"}
-
-
-def _costly_per_tap(g, x: TensorValue) -> bool:
-    """Whether a value a window op reads at each of its taps is more than a load and a few
-    cheap ops: then it is stored once rather than recomputed per tap."""
-    if x.realized or g.as_strided(x) is not None:
-        return False
-    syms = [index_var(f"v{i}", s) for i, s in enumerate(x.sizes)]
-    ops = [n for n in V.walk(x.loader(syms)) if n.kind in ("op", "masked")]
-    return len(ops) > 4 or any(n.name in _COSTLY_OPS or n.name in _TRANSCENDENTAL for n in ops)
-
-
 @register(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(g, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     """Each output is the max of its window's taps, read where they lie inside the input:
@@ -622,11 +609,8 @@ def max_pool2d_with_indices(g, x, kernel_size, stride=(), padding=0, dilation=1,
     sh, sw = pair(stride) if stride else (kh, kw)
     if kh * kw > 49:
         return NotImplemented   # a window that wide is a reduction, not a row of loads
-    if kh * kw > 1 and _costly_per_tap(g, x):
-        # each output would recompute its input at every tap: a ResNet's batch norm and relu
-        # (a square root and a division an element) nine times over, where storing it once
-        # costs a write and a read (torch.compile stores it too)
-        x = g.realize(x, fake_of(g.current_node.args[0]))
+    if kh * kw > 1 and not x.realized and not g._cheap_to_recompute(x, per_element=kh * kw):
+        x = g.realize(x, fake_of(g.current_node.args[0]))     # stored once, not recomputed per tap
     H, W = x.sizes[-2], x.sizes[-1]
     sizes = tuple(to_sympy(s) for s in vals_fake.shape)
     OH, OW = sizes[-2], sizes[-1]

@@ -127,6 +127,9 @@ def _plain_module_class(shared: SharedPrefixes, source: str) -> Optional[type]:
 
 
 def module_class_is_plain(cls: type) -> bool:
+    """Whether an nn.Module class reads attributes as nn.Module does (no `__getattr__` or
+    `__getattribute__` of its own): the capture reads such a module's attributes from its
+    dicts, and the C++ checker answers hasattr on it the same way."""
     return cls.__getattr__ is torch.nn.Module.__getattr__ and cls.__getattribute__ is object.__getattribute__
 
 
