@@ -122,6 +122,68 @@ def test_a_training_loop_that_keeps_its_losses_copies_only_the_loss():
     assert not any("copied from now on" in s for s in shown), shown
 
 
+def test_the_backward_captures_into_the_forwards_memory_pool():
+    (model, opt), (twin, twin_opt) = twins_with_adamw()
+    compiled = engine.compile(step, mode="reduce-overhead")
+    with logs("cudagraphs") as shown:
+        for _ in range(4):
+            compiled(twin, twin_opt, torch.randn(8, 64, device=DEV))
+    backward = [s for s in shown if "captured for input shapes" in s and "backward graph" in s]
+    assert backward and all("in forward graph" in s and "memory pool" in s for s in backward), shown
+
+
+def test_gradients_accumulated_over_micro_batches_are_not_overwritten_by_the_next_forward():
+    """Two forward/backward passes a step: the first backward's gradients, kept in .grad,
+    live in the memory pool both graphs share while the second forward replays."""
+    (model, opt), (twin, twin_opt) = twins_with_adamw()
+
+    def micro(m, x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    compiled = engine.compile(micro, mode="reduce-overhead")
+    with logs("cudagraphs") as shown:
+        for _ in range(6):
+            xs = [torch.randn(8, 64, device=DEV) for _ in range(2)]
+            for x in xs:
+                torch.testing.assert_close(compiled(twin, x), micro(model, x), rtol=1e-3, atol=1e-5)
+            for a, b in zip(twin.parameters(), model.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5)
+            opt.step()
+            twin_opt.step()
+            opt.zero_grad()
+            twin_opt.zero_grad()
+    for a, b in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    # the second forward found the first backward's gradients alive, which were not at its
+    # capture: it captured again around them, and the backward copies them out from then on
+    assert any("forward graph" in s and "may lie in its scratch" in s for s in shown), shown
+    assert not any("without CUDA graphs" in s for s in shown), shown
+    assert len([s for s in shown if "captured for input shapes" in s]) <= 6, shown
+
+
+def test_gradients_kept_from_the_last_step_stay_as_they_were():
+    (model, opt), (twin, twin_opt) = twins_with_adamw()
+
+    def grads(m, x):
+        m(x).pow(2).mean().backward()
+        return [p.grad for p in m.parameters()]
+
+    compiled = engine.compile(grads, mode="reduce-overhead")
+    kept = []
+    for i in range(5):
+        x = torch.randn(8, 64, device=DEV)
+        got = compiled(twin, x)
+        want = grads(model, x)
+        kept.append((got, [g.clone() for g in want]))
+        for p in (*twin.parameters(), *model.parameters()):
+            p.grad = None          # the list returned still holds each step's gradients
+    for got, want in kept:         # none was written over by a later step's graphs
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 def test_inputs_written_in_place_and_outputs_that_alias_inputs():
     def f(x, y):
         x.add_(1)                  # the caller's x changes, as in eager
@@ -151,3 +213,52 @@ def test_cpu_inputs_run_without_cuda_graphs_and_say_why():
         out = f(torch.ones(4, device=DEV), torch.tensor(3.0))     # a CPU scalar tensor
     torch.testing.assert_close(out, torch.full((4,), 3.0, device=DEV))
     assert any("runs without CUDA graphs: input 1 is a cpu tensor" in s for s in shown), shown
+
+
+def test_an_output_kept_past_the_backward_only_in_later_steps_keeps_its_values():
+    """The first steps drop the model's output before the backward (whose capture may then
+    reuse its memory); later steps keep it: the backward must not write over it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 64)).to(DEV)
+    twin = copy.deepcopy(model)
+
+    def fwd(m, x):
+        out = m(x)
+        return out, out.pow(2).mean()
+
+    compiled = engine.compile(fwd, mode="reduce-overhead")
+    for i in range(6):
+        x = torch.randn(8, 64, device=DEV)
+        out, loss = compiled(twin, x)
+        want, want_loss = fwd(model, x)
+        kept = out if i >= 3 else None
+        del out
+        loss.backward()
+        want_loss.backward()
+        if kept is not None:
+            torch.testing.assert_close(kept, want, rtol=1e-4, atol=1e-5)
+        for a, b in zip(twin.parameters(), model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-3, atol=1e-5)
+            a.grad = b.grad = None
+
+
+def test_a_training_steps_peak_memory_with_cuda_graphs_is_that_of_the_compiled_step_without():
+    """The backward's capture frees each saved activation after its last use (into the pool
+    it shares with the forward), as the compiled backward does without CUDA graphs."""
+    def peak(mode):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.GELU())]).to(DEV)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        compiled = engine.compile(step, mode=mode)
+        x = torch.randn(4096, 1024, device=DEV)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        for _ in range(5):
+            compiled(model, opt, x)
+        torch.cuda.synchronize()
+        engine.reset()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    default, graphs = peak("default"), peak("reduce-overhead")
+    assert graphs <= default * 1.1, (graphs, default)

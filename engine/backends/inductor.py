@@ -25,12 +25,19 @@ def inductor(gm: torch.fx.GraphModule, example_inputs: list, mode=None, options=
                 return _compile(g, inputs)
 
     if mode == "reduce-overhead" or (options or {}).get("triton.cudagraphs"):
+        import weakref
+
         from engine.codegen import cudagraphs
+        forwards = weakref.WeakValueDictionary()   # graph id -> its forward: the backward shares its memory pool
 
         def compile_fx_graph(g, inputs, _compile=compile_fx_graph):   # noqa: F811
             compiled = _compile(g, inputs)
             role, gid = g.meta.get("aot_graph", ("graph", None))
-            return cudagraphs.wrap(compiled, inputs, f"{role} graph {gid}", compiled.mutated_args)
+            graphed = cudagraphs.wrap(compiled, inputs, f"{role} graph {gid}", compiled.mutated_args,
+                                      leader=forwards.get(gid) if role == "backward" else None)
+            if role == "forward" and isinstance(graphed, cudagraphs.CudaGraphed):
+                forwards[gid] = graphed
+            return graphed
 
     return aot_compile(gm, example_inputs, fw_compiler=compile_fx_graph, bw_compiler=compile_fx_graph,
                        inference_compiler=compile_fx_graph, partitioner="min_cut",

@@ -13,7 +13,10 @@ Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 an
 the step's loss is kept until the next step returns, as `loss = step(batch)` in a loop keeps it.
 Per model and implementation: ms per call (CUDA events, median of --iters after warm-up),
 speedup over eager, cold compile seconds (the calls until the first timed one, fresh caches),
-peak memory (GiB); then geomeans of the speedups per implementation, inference and training
+peak memory (GiB): allocated (what tensors the allocator owns held at most) and reserved
+(what the allocator took from the device at most: with CUDA graphs, both compilers hand out
+outputs over graph memory the allocator does not count as allocated, so reserved is the
+footprint to compare); then geomeans of the speedups per implementation, inference and training
 apart. Each (model, implementation) runs in a fresh process of its own (--same-process: all
 in this one), inside a try/except. Per call: "ms" is one call timed alone, synchronized
 before and after (what a request waits for); "host ms" the time until the call returns to
@@ -191,17 +194,20 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     warm = 3 if impl.endswith("-ro") else 2
-    warm_memory = None
+    warm_memory, warm_peaks = None, []
     if MEMORY:   # the compiling calls recorded too: their peak is part of the peak reported
         def warm_calls():   # each result dropped before the next call, as in the timed calls
             for _ in range(warm):
                 call()
-        warm_memory = peak_sites(warm_calls)
+                torch.cuda.synchronize()
+                warm_peaks.append(round(torch.cuda.max_memory_allocated() / 2**30, 2))
+        warm_memory = peak_sites(warm_calls, top=25)
         warm = 0
     cold, ms, host_ms, tput_ms = measure(call, iters, warm=warm)
     peak = torch.cuda.max_memory_allocated() / 2**30
+    reserved = torch.cuda.max_memory_reserved() / 2**30
     row = {"model": name, "mode": "train" if train else "infer", "impl": impl, "ms": ms, "cold_s": cold,
-           "peak_gib": peak, "host_ms": host_ms, "tput_ms": tput_ms}
+           "peak_gib": peak, "reserved_gib": reserved, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
     if HOST_PROFILE:
@@ -209,7 +215,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         row["host_ops"] = host_ops(call)
     if MEMORY:
         row["memory"] = peak_sites(call)
-        row["warm_memory"] = warm_memory
+        row["warm_memory"] = dict(warm_memory, peak_after_each_gib=warm_peaks)
         row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
     return row
 
@@ -350,7 +356,7 @@ def main(argv=None):
     work = [(m, False) for m in args.models.split(",") if m] + [(m, True) for m in args.train.split(",") if m]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     print(f"{'model':10} {'mode':5} {'impl':9} {'ms':>9} {'x eager':>8} {'cold s':>7} {'peak GiB':>8} "
-          f"{'host ms':>8} {'b2b ms':>8}", flush=True)
+          f"{'rsvd GiB':>8} {'host ms':>8} {'b2b ms':>8}", flush=True)
     free_gpus = list(range(args.gpus))
     parallel = args.gpus > 1 and not args.same_process
 
@@ -381,7 +387,8 @@ def main(argv=None):
             if "ms" in r:
                 r["speedup"] = eager_ms / r["ms"] if eager_ms else None
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
-                      f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                      f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r.get('reserved_gib', float('nan')):8.2f} "
+                      f"{r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
                 if r.get("host_ops"):
                     print("    host time (torch.profiler, CPU; self us a call, calls a call, op):")
                     for us, c, where in r["host_ops"]:
@@ -392,7 +399,8 @@ def main(argv=None):
                         print(f"      {us:8.1f} {c:7.1f}  {where}")
                 if r.get("warm_memory"):
                     mem = r["warm_memory"]
-                    print(f"    the compiling calls: peak {mem['call_peak_gib']:.2f} GiB; alive at it:")
+                    print(f"    the compiling calls: peak {mem['call_peak_gib']:.2f} GiB (peak so far after each: "
+                          f"{mem.get('peak_after_each_gib')}); alive at it:")
                     for site, n, mib in mem["sites"]:
                         print(f"      {mib:9.1f} {n:5}  {site}")
                 if "memory" in r:
