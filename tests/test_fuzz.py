@@ -54,6 +54,7 @@ FIXED = [(404182, "inductor"),    # sub(z, y[0], out=z), z a strided view that i
          (432520, "inductor"), (439227, "inductor"),
          # min-cut saved an input only to recompute a forward op, and the caller then wrote it
          (425449, "inductor"), (420327, "inductor"),
+         (902531, "inductor"),    # the same with an input that gets a gradient: y.mul_ after a break
          (345578, "aot_eager"),   # a tensor saved only for an unused output, then written by the caller
          (444319, "inductor"),    # w.detach().addcmul_(y, y) returned: rebuilt as a view of w, no gradient
          (451298, "inductor"),    # a LayerNorm output saved for its backward, then written under no_grad

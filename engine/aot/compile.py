@@ -240,9 +240,7 @@ class AOTCompiled:
             try:
                 parts = joint_parts(joint, layout)
                 free = {p for p, a in zip(parts.primals, flat) if isinstance(a, torch.nn.Parameter)}
-                with_grad = {parts.primals[i] for i in layout.grad_inputs}
-                no_grad = {p for p in parts.primals if p not in with_grad and p not in free}
-                choices = {"default": default_saved(parts), "min_cut": min_cut_saved(parts, free, no_grad)}
+                choices = {"default": default_saved(parts), "min_cut": min_cut_saved(parts, free)}
                 mutated = frozenset(parts.primals[i] for i in meta.mutated_inputs)
                 splits = {name: split(joint, parts, saved, mutated) for name, saved in choices.items()}
             except AOTAutogradError:

@@ -24,6 +24,7 @@ from ..exact_values import compared_with_its_extreme
 from .partition import JointParts, is_view_op, must_recompute, tensor_bytes
 
 INF = 1 << 62
+AVOID = 1 << 48      # more than any set of tensors costs, less than a cut that cannot be made
 
 # Non-pointwise ops that are as cheap to recompute as to read.
 _CHEAP_PACKETS = {
@@ -157,14 +158,14 @@ def _fuses_its_inputs(node: torch.fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and (torch.Tag.pointwise in t.tags or is_view_op(t))
 
 
-def min_cut_saved(parts: JointParts, free_primals: set = frozenset(),
-                  no_grad_primals: set = frozenset()) -> list[torch.fx.Node]:
+def min_cut_saved(parts: JointParts, free_primals: set = frozenset()) -> list[torch.fx.Node]:
     """The nodes to save. `free_primals` (parameters: alive anyway) cost nothing to save.
-    `no_grad_primals` (inputs that get no gradient) are saved only where the backward reads
-    them, as eager's ops save them: saved only to recompute a forward op (a BatchNorm
-    buffer to recompute `t > running`), one the caller then writes in place (the next
-    graph's `running.mul_(0.9)`) fails the backward's version check where eager, which
-    saved the comparison, runs (fuzz 425449, 420327)."""
+    Other inputs are saved only where the backward reads them, as eager's ops save them, or
+    where nothing else can be (an input of an activation checkpoint): saved only to
+    recompute a forward op (a BatchNorm buffer to recompute `t > running`, an activation
+    to recompute `y > softmax(z)`), an input the caller then writes in place (the next
+    graph's `running.mul_(0.9)`, `y.mul_(2)`) fails the backward's version check where
+    eager, which saved the comparison, runs (fuzz 425449, 420327, 902531)."""
     import sys
 
     g = _FlowGraph()
@@ -176,8 +177,8 @@ def min_cut_saved(parts: JointParts, free_primals: set = frozenset(),
         if node.op == "placeholder":
             g.add_edge("source", (node, "in"), INF)
             cost = 0 if node in free_primals else tensor_bytes(node)
-            if node in no_grad_primals and not any(_backward_readers(node, backward)):
-                cost = INF
+            if node not in free_primals and not any(_backward_readers(node, backward)):
+                cost = AVOID
         else:
             val = node.meta.get("val")
             # A tuple-valued node cannot be saved (its getitems can); a scalar costs a word.
