@@ -262,3 +262,24 @@ def test_a_training_steps_peak_memory_with_cuda_graphs_is_that_of_the_compiled_s
 
     default, graphs = peak("default"), peak("reduce-overhead")
     assert graphs <= default * 1.1, (graphs, default)
+
+
+def test_an_output_kept_after_its_compiled_function_is_gone_keeps_its_values():
+    """A replay's output lies in the graph's memory pool, which the allocator does not count
+    as allocated: the pool stays while the output is alive, after engine.reset() too."""
+    import gc
+    model = mlp().eval()
+    x = torch.randn(8, 64, device=DEV)
+    with torch.no_grad():
+        f = engine.compile(model, mode="reduce-overhead")
+        for _ in range(3):
+            out = None
+            out = f(x)          # the third call replays: out is over the graph's own memory
+        want = model(x)
+    del f
+    engine.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+    junk = [torch.full((1 << 20,), 7.0, device=DEV) for _ in range(8)]   # would take freed memory
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    del junk

@@ -91,13 +91,31 @@ class _Pool:
         self.handle = torch.cuda.graph_pool_handle()
         self.captures: list = []
 
-    def prune(self) -> None:
-        self.captures = [c for c in self.captures if not c.released or c.live_outputs()]
+    def prune(self, everything: bool = False) -> None:
+        """Drop the released captures (every one, once their graphs are gone) that nothing
+        holds an output of."""
+        self.captures = [c for c in self.captures if not (c.released or everything) or c.live_outputs()]
 
     def takes_captures(self) -> bool:
         """Whether a new capture may allocate here: no tensor a replay handed out (over
         memory the allocator counts as free) is alive."""
         return not any(_held(w) for c in self.captures for w in c.watched)
+
+
+_ORPHANS: list = []      # pools of graphs that are gone, kept while a tensor they handed out is alive
+
+
+def _prune_orphans() -> None:
+    for p in _ORPHANS:
+        p.prune(everything=True)
+    _ORPHANS[:] = [p for p in _ORPHANS if p.captures]
+
+
+def _orphaned(pools: list) -> None:
+    """When a group's graphs are gone (engine.reset, the compiled function dropped): its
+    pools stay while a tensor they handed out is alive (it reads their memory)."""
+    _ORPHANS.extend(pools)
+    _prune_orphans()
 
 
 class _Group:
@@ -106,17 +124,20 @@ class _Group:
     is kept while any of its captures' outputs is alive."""
 
     def __init__(self):
-        self.pool = _Pool()
-        self.old_pools: list = []
+        self.pools = [_Pool()]         # the last one takes the group's captures
+        weakref.finalize(self, _orphaned, self.pools)
+
+    @property
+    def pool(self) -> _Pool:
+        return self.pools[-1]
 
     def pool_for_capture(self) -> _Pool:
-        for p in self.old_pools:
+        _prune_orphans()
+        for p in self.pools:
             p.prune()
-        self.old_pools = [p for p in self.old_pools if p.captures]
-        self.pool.prune()
+        self.pools[:-1] = [p for p in self.pools[:-1] if p.captures]
         if not self.pool.takes_captures():
-            self.old_pools.append(self.pool)
-            self.pool = _Pool()
+            self.pools.append(_Pool())
         return self.pool
 
 
