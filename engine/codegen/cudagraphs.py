@@ -125,7 +125,7 @@ class _Group:
 
     def __init__(self):
         self.pools = [_Pool()]         # the last one takes the group's captures
-        weakref.finalize(self, _orphaned, self.pools)
+        weakref.finalize(self, _orphaned, self.pools).atexit = False
 
     @property
     def pool(self) -> _Pool:
