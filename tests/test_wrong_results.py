@@ -886,6 +886,31 @@ def test_an_input_with_a_gradient_written_after_the_forward_was_not_saved_only_t
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_buffer_updated_from_a_parameter_on_every_call_backpropagates_every_call(backend):
+    """`m.running.lerp_(m.scale, 0.5)` on each call (fuzz 912548): the buffer's history
+    chains the calls, so the second call's backward runs the first call's node again. Eager's
+    lerp saved nothing, and that runs; the compiled node saved nothing either, but read its
+    (freed) saved-tensor list and raised "backward through the graph a second time"."""
+    def make():
+        m = torch.nn.Module()
+        m.scale = torch.nn.Parameter(torch.linspace(-1, 1, 3))
+        m.register_buffer("running", torch.zeros(3))
+        return m
+
+    def fn(m):
+        m.running.lerp_(m.scale, 0.5)
+        return m.running[1:]
+
+    m0, m1 = make(), make()
+    compiled = engine.compile(fn, backend=backend)
+    for _ in range(2):
+        fn(m0).sum().backward()
+        compiled(m1).sum().backward()
+        torch.testing.assert_close(m1.scale.grad, m0.scale.grad)
+        torch.testing.assert_close(m1.running, m0.running)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_an_input_the_generated_code_writes_in_place_fails_a_backward_that_saved_it(backend):
     """Eager's `x * w` saves w; a compiled `w.mul_(2)` then changes it. Eager's backward
     raises; the generated code wrote w through a pointer, autograd did not see the write, and

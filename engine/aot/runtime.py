@@ -170,7 +170,10 @@ class TrainingEntry:
             # Where outputs got no gradient (the loss does not use them), their zeros may meet
             # ops eager never runs (0/0), and a gradient computed only from them is None.
             bw, absent, unread = backward_for(missing) if any(missing) else (compiled_bw, None, ())
-            tensors = iter(ctx.saved_tensors)
+            # Nothing saved: not read at all. A second backward through a node that saved
+            # nothing runs in eager (a buffer updated in place from a parameter on each call
+            # chains the calls' nodes), and autograd raises on reading a freed node's list.
+            tensors = iter(ctx.saved_tensors if None in ctx.saved_other else ())
             args = [next(tensors) if o is None else o for o in ctx.saved_other]
             del tensors
             if optional:
