@@ -482,7 +482,8 @@ class CudaGraphed:
         this call's own inputs (a saved activation its capture freed after its last use)
         does not count. Their owners copy them out from their next capture on.
         [(owner's capture, output index)]"""
-        cap.pool.prune()
+        if any(c.released for c in cap.pool.captures):
+            cap.pool.prune()
         strays, arg_refs = [], None
         for c in cap.pool.captures:
             if c is cap:
@@ -509,7 +510,7 @@ class CudaGraphed:
                  "its capture, may lie in its scratch: %s; capturing again around them", self.name,
                  sorted({f"capture {c.seq} buffer {k}" for c, k in strays}))
             return self._capture(args, self._release(cap))
-        held = cap.live_outputs()
+        held = cap.live_outputs() if cap.owned or any(map(_held, cap.watched)) else None
         if held:
             # the caller still holds an output of the last call: this replay would write over it
             self.copied.update(held)
@@ -528,16 +529,12 @@ class CudaGraphed:
                 _log(logging.INFO, "cudagraphs: %s: copied input(s) %s now come at one address each call; "
                      "capturing again to read them in place", self.name, sorted(settled))
                 return self._capture(args, self._release(cap) | settled)
-        self._run(cap, args)
+            torch._foreach_copy_(list(cap.buffers.values()), srcs)
+        cap.graph.replay()
         storages = self._copies(cap)
         outs = [_DETACH(t) if t is not None else o.make(args, storages) if isinstance(o, _Out) else o
                 for t, o in zip(cap.templates, cap.outs)]
         return self._unflatten(cap, outs)
-
-    def _run(self, cap: _Capture, args) -> None:
-        if cap.buffers:
-            torch._foreach_copy_(list(cap.buffers.values()), [args[i] for i in cap.buffers])
-        cap.graph.replay()
 
     def _copies(self, cap: _Capture) -> list:
         """The output storages a replay hands out: copies of those a caller kept before."""
