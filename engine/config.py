@@ -59,6 +59,9 @@ c_launch: bool = os.environ.get("ENGINE_C_LAUNCH", "1") != "0"
 # Check a cache entry's tensor guards in one C++ call (engine/guards/native.py), built once
 # per machine into native_dir on a background thread; 0: the guards stay generated Python.
 native_guards: bool = os.environ.get("ENGINE_NATIVE_GUARDS", "1") != "0"
+# Repeat a CUDA graph's kernel launches and allocate its buffers through C++
+# (engine/codegen/triton/native_launch.py), built like the guard checker; 0: Python.
+native_launch: bool = os.environ.get("ENGINE_NATIVE_LAUNCH", "1") != "0"
 native_dir: str = os.environ.get("ENGINE_NATIVE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "engine-native")
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))

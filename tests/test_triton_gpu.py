@@ -346,7 +346,8 @@ def test_the_backward_of_an_odd_vocabulary_reads_one_padded_copy_of_the_logits_g
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-3)
     # the weight gradient's matmul reads all of the padded gradient, transposed (its extra
     # rows are zeros; an odd M took a slower cuBLAS kernel)
-    backward = [c for c in code if "(50264, 128), (1, 50264)" in c]
+    backward = [c for c in code if "_alloc_buf1 = allocator((128, 50264), (50264, 1)" in c
+                and "torch.mm(buf1.permute(1, 0), " in c]
     assert backward, "\n".join(code)[-4000:]
     # the backward was compiled for the saved logits as the forward returns them, with gaps
     # (not copied dense on every call)
@@ -454,3 +455,59 @@ def test_the_blocks_of_a_stack_launch_one_compiled_kernel_each_copy():
         torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
     copies = sum(line.endswith("# the same kernel") for c in code for line in c.splitlines())
     assert copies >= 4, "\n".join(code)[-4000:]     # the middle blocks, forward and backward
+
+
+def _wrapper_modules():
+    import gc
+    import types
+    return [m for m in gc.get_objects() if isinstance(m, types.ModuleType)
+            and m.__name__.startswith("engine_codegen_graph_")]
+
+
+def _layer(x, w):
+    # pointwise kernels around a matmul: launches, extern calls and buffers
+    return torch.relu((torch.sin(x) + 1) @ w.t()) * 2
+
+
+def test_launches_and_allocations_repeat_through_cpp_once_it_is_built():
+    # the wrapper's repeated launches are C++ Launch objects and its buffers come from C++
+    # Alloc objects; every call after the first launches from them, with eager's results
+    from engine.codegen.triton import native_launch
+    assert native_launch.wait(600), native_launch.build_error()
+    seen, seen_mods = {id(la) for la in _launchers()}, {id(m) for m in _wrapper_modules()}
+    fn = engine.compile(_layer)
+    x, w = torch.randn(64, 96, device=DEV), torch.randn(80, 96, device=DEV)
+    for _ in range(2):
+        assert_close(fn(x, w), _layer(x, w), 1e-4)
+    new = [la for la in _launchers() if id(la) not in seen]
+    assert new and all(type(la.fast).__name__ == "Launch" for la in new), [type(la.fast) for la in new]
+    (mod,) = [m for m in _wrapper_modules() if id(m) not in seen_mods]
+    allocs = {k: type(v).__name__ for k, v in vars(mod).items() if k.startswith("_alloc_")}
+    assert allocs and set(allocs.values()) == {"Alloc"}, allocs
+    hits = sum(la.direct.hits for la in new)
+    x2 = torch.randn(64, 96, device=DEV)
+    assert_close(fn(x2, w), _layer(x2, w), 1e-4)
+    assert sum(la.direct.hits for la in new) == hits + len(new)
+
+
+def test_a_wrapper_loaded_before_the_cpp_launcher_was_built_switches_to_it(monkeypatch):
+    from engine.codegen.triton import native_launch
+    assert native_launch.wait(600), native_launch.build_error()
+    built = native_launch._state["module"]
+    monkeypatch.setitem(native_launch._state, "module", None)      # as while it builds
+    seen, seen_mods = {id(la) for la in _launchers()}, {id(m) for m in _wrapper_modules()}
+    fn = engine.compile(lambda x, w: _layer(x, w) - 1)
+    x, w = torch.randn(32, 48, device=DEV), torch.randn(16, 48, device=DEV)
+    for _ in range(2):
+        assert_close(fn(x, w), _layer(x, w) - 1, 1e-4)
+    new = [la for la in _launchers() if id(la) not in seen]
+    (mod,) = [m for m in _wrapper_modules() if id(m) not in seen_mods]
+    assert new and not any(type(la.fast).__name__ == "Launch" for la in new)
+    assert mod in native_launch._waiting
+    monkeypatch.setitem(native_launch._state, "module", built)     # the build finishes
+    native_launch._upgrade(mod)
+    for _ in range(2):
+        x = torch.randn(32, 48, device=DEV)
+        assert_close(fn(x, w), _layer(x, w) - 1, 1e-4)
+    assert all(type(la.fast).__name__ == "Launch" for la in new)
+    assert {type(v).__name__ for k, v in vars(mod).items() if k.startswith("_alloc_")} == {"Alloc"}

@@ -414,29 +414,40 @@ def test_a_repeated_launch_fills_the_slots_and_launches_at_the_planned_grid(monk
                                     lambda *a: (None, 0xF00, 16, 0, 1024))
     from engine.codegen.triton import c_launch
     monkeypatch.setattr(c_launch, "_module", [None])          # the ctypes path, with a stand-in libcuda
-    launches, device, hooks = [], [0], []
+    launches = []
     monkeypatch.setattr(cuda_launch, "_libcuda", [(lambda *a: launches.append(
         (a[:9], [s.value for s in kernel.slots])) or 0, None)])
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0], raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0x57 + d, raising=False)
 
     class Counter:
-        hits = 0
+        launched = 0
     x, y, out = torch.randn(64), torch.randn(64), torch.empty(64)
     repeat = kernel.repeater((3,), (x, y, out, 8, 1, -3), (True, True, True, (False, False, True), (True, False, True),
-                                                           (False, False, True)), 0, lambda: bool(hooks), Counter)
+                                                           (False, False, True)), Counter)
     x2 = torch.randn(64)
-    assert repeat(x2, y, out, 8, 1)                        # the last argument (xnumel) is the plan's
+    assert repeat(0x57, x2, y, out, 8, 1)                  # the last argument (xnumel) is the plan's
     assert launches == [((0xF00, 3, 1, 1, 64, 1, 1, kernel.shared, 0x57),
-                         [x2.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3])] and Counter.hits == 1
-    assert not repeat(x2[1:], y, out, 8, 1)                # not 16-byte aligned: another binary
-    assert not repeat(x2, y, out, 9, 1)                    # another integer
-    device[0] = 1
-    assert not repeat(x2, y, out, 8, 1)                    # another device
-    device[0] = 0
-    hooks.append(print)
-    assert not repeat(x2, y, out, 8, 1)                    # a profiler's launch hook: Triton's path
+                         [x2.data_ptr(), y.data_ptr(), out.data_ptr(), 8, -3])] and Counter.launched == 1
+    assert not repeat(0x57, x2[1:], y, out, 8, 1)          # not 16-byte aligned: another binary
+    assert not repeat(0x57, x2, y, out, 9, 1)              # another integer
+    assert not repeat(None, x2, y, out, 8, 1)              # no stream this call (launch_stream, below)
     assert len(launches) == 1
+
+
+def test_a_wrappers_launches_repeat_on_its_gpu_with_no_launch_hook(monkeypatch):
+    # launch_stream, asked once a call: the graph's GPU's current stream, or None (each launch
+    # then takes Triton's path) on another device or with a profiler's launch hook on
+    import types
+
+    from engine.codegen.triton import launcher
+    device, hooks = [0], types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(launcher, "_stream_calls", [(lambda: device[0], lambda d: 0x57 + d, hooks)])
+    assert launcher.launch_stream(0) == 0x57
+    assert launcher.launch_stream(None) is None            # the interpreter, or a graph on several GPUs
+    device[0] = 1
+    assert launcher.launch_stream(0) is None               # another device current
+    assert launcher.launch_stream(1) == 0x58
+    hooks.launch_enter_hook = print
+    assert launcher.launch_stream(1) is None               # a launch hook
 
 
 def test_the_c_launcher_builds_once_and_checks_its_arguments(tmp_path):

@@ -91,13 +91,14 @@ def empty_strided_line(name: str, layout) -> str:
 
 
 def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bool = True,
-              launched_at: dict | None = None) -> list[str]:
+              launched_at: dict | None = None, alloc=empty_strided_line) -> list[str]:
     """The body of a wrapper's call(args), shared by the C++ and Triton wrappers: unpack the
     arguments, bind the size symbols, check the inputs, then each step of the schedule with
     its buffers allocated (or reused) before and freed after. kernel_call(step, resolve) and
-    step_call(extern) give a step's lines; run=False (Triton's precompile pass) frees
-    nothing and returns nothing. launched_at: step index -> the later step whose lines
-    launch it (a combo kernel's members): what it frees waits until then."""
+    step_call(extern) give a step's lines, alloc(name, layout) a new buffer's; run=False
+    (Triton's precompile pass) frees nothing and returns nothing. launched_at: step index ->
+    the later step whose lines launch it (a combo kernel's members): what it frees waits
+    until then."""
     body: list[str] = []
     tensor_inputs = [b for b in g.inputs if b is not None and b.const_name is None]
     names = [f"arg{i}" for i in range(len(g.example_inputs))]
@@ -140,7 +141,7 @@ def call_body(g: GraphLowering, sched: Schedule, kernel_call, step_call, run: bo
                 body.append(f"{n} = {sched.reuse[n]}; del {sched.reuse[n]}  # reuse")
                 live_name[sched.reuse[n]] = n
             else:
-                body.append(empty_strided_line(n, g.buffer_layouts[n]))
+                body.append(alloc(n, g.buffer_layouts[n]))
         origin = g.kernel_origins.get(step.name) if run else None
         if origin is not None:
             body.append(origin.comment())
@@ -237,8 +238,31 @@ def _tensor_expr(g: GraphLowering, tv: TensorValue) -> str:
     if (tuple(layout.sizes) == tuple(base.sizes) and tuple(layout.strides) == tuple(base.strides)
             and layout.offset == 0):
         return buf
+    cheap = _view_expr(buf, base, layout)
+    if cheap is not None:
+        return cheap
     return (f"torch.as_strided({buf}, {tup(layout.sizes)}, {tup(layout.strides)}, "
             f"{buf}.storage_offset() + {pyexpr(layout.offset)})")
+
+
+def _view_expr(buf: str, base, layout) -> str | None:
+    """A view of a dense buffer as a `.view(...)` (the same memory in other sizes) or a
+    `.permute(...)` (a matmul's transposed weight), where one says it: each costs a third
+    of `torch.as_strided` with its size tuples and `storage_offset()` (a Llama training step
+    makes 340 of them). Static, non-empty sizes only, so the strides torch picks are these."""
+    sizes, strides = tuple(layout.sizes), tuple(layout.strides)
+    if layout.offset != 0 or not all(getattr(s, "is_Integer", False) and s > 0 for s in (*sizes, *base.sizes)):
+        return None
+    if not base.is_contiguous():
+        return None
+    if strides == tuple(contiguous_strides(sizes)) and numel(sizes) == numel(base.sizes):
+        return f"{buf}.view({', '.join(str(int(s)) for s in sizes)})"
+    if len(sizes) == len(base.sizes) and len(set(base.strides)) == len(base.strides):
+        order = [list(base.strides).index(st) if st in base.strides else None for st in strides]
+        if None not in order and sorted(order) == list(range(len(order))) \
+                and all(sizes[i] == base.sizes[o] for i, o in enumerate(order)):
+            return f"{buf}.permute({', '.join(map(str, order))})"
+    return None
 
 
 def _arg_expr(g, a) -> str:

@@ -16,14 +16,7 @@ meaning; guards compiled before it was ready switch to it when it is."""
 
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
-import importlib.util
 import logging
-import os
-import subprocess
-import sys
-import sysconfig
 import threading
 import weakref
 from typing import Optional
@@ -31,6 +24,8 @@ from typing import Optional
 import torch
 
 import observe
+
+from ..native_build import build
 
 from .program import OPS
 
@@ -312,45 +307,9 @@ _waiting = weakref.WeakSet()      # CompiledGuards compiled in Python that switc
 _ready = threading.Event()
 
 
-def _tag() -> str:
-    key = _SOURCE + sys.version + torch.__version__ + str(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
-def _build(directory: str):
-    from torch.utils.cpp_extension import include_paths, library_paths
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    tag = _tag()
-    path = os.path.join(directory, f"engine_native_guards_{tag}{suffix}")
-    if not os.path.exists(path):
-        os.makedirs(directory, exist_ok=True)
-        mine = f"{os.getpid()}.{threading.get_ident()}"     # processes may build side by side
-        src = os.path.join(directory, f"engine_native_guards_{tag}.{mine}.cpp")
-        with open(src, "w") as f:
-            f.write(_SOURCE)
-        tmp = f"{path}.{mine}.tmp"
-        cxx = os.environ.get("CXX", "c++")
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               f"-I{sysconfig.get_paths()['include']}", *(f"-I{p}" for p in include_paths()), src, "-o", tmp,
-               *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr[-2000:] or f"{cxx} exited with {proc.returncode}")
-            os.replace(tmp, path)
-        finally:
-            os.remove(src)
-    loader = importlib.machinery.ExtensionFileLoader("engine_native_guards", path)
-    spec = importlib.util.spec_from_file_location("engine_native_guards", path, loader=loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
 def _build_in_background(directory: str) -> None:
     try:
-        mod = _build(directory)
+        mod = build("engine_native_guards", _SOURCE, directory)
     except Exception as exc:     # no compiler, no headers: the guards stay Python
         _state["failed"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         observe.log("dynamo", logging.INFO, "tensor guards stay Python: the C++ checker did not build: %s",

@@ -23,10 +23,11 @@ before and after (what a request waits for); "host ms" the time until the call r
 Python; "b2b ms" a call's share of calls made back to back (throughput, the host running
 ahead of the GPU). With $OUT set (or --json) the rows are written as JSON too.
 
-Before the first model, the C++ tensor-guard checker (engine/guards/native.py) is built if
-this machine has not built it yet: a user's first compile builds it once per machine on a
-background thread, and a process that measures for a few seconds after a fresh machine's
-first compile would time the Python guards it replaces (ResNet-50 with CUDA graphs: 0.74 ms
+Before the first model, the C++ tensor-guard checker (engine/guards/native.py) and kernel
+launcher (engine/codegen/triton/native_launch.py) are built if this machine has not built
+them yet: a user's first compile builds each once per machine on a background thread, and a
+process that measures for a few seconds after a fresh machine's first compile would time
+the Python they replace (ResNet-50 with CUDA graphs: 0.74 ms
 of host time a call against 0.27). The build is not counted in any cold compile."""
 
 from __future__ import annotations
@@ -210,6 +211,8 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
            "peak_gib": peak, "reserved_gib": reserved, "host_ms": host_ms, "tput_ms": tput_ms}
     if PROFILE:
         row["gpu_ms"], row["top_kernels"], row["kernel_kinds"] = top_kernels(call, n=TOP)
+    if GAPS:
+        row["gaps"] = gpu_gaps(call)
     if HOST_PROFILE:
         row["host_profile"] = host_profile(call, save_as=f"{name}-{row['mode']}-{impl}")
         row["host_ops"] = host_ops(call)
@@ -220,7 +223,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
     return row
 
 
-PROFILE = MEMORY = HOST_PROFILE = False
+PROFILE = MEMORY = HOST_PROFILE = GAPS = False
 TOP = 15
 
 
@@ -257,6 +260,41 @@ def top_kernels(call, n=15, steps=3):
         kind[1] += c
     return (round(sum(r[1] for r in rows), 3), [[k[:90], round(ms, 3), c] for k, ms, c in rows[:n]],
             {k: [round(ms, 3), c] for k, (ms, c) in sorted(kinds.items(), key=lambda kv: -kv[1][0])})
+
+
+def gpu_gaps(call, steps=3, n=12) -> dict:
+    """Where the GPU waits on the host within one call timed alone (torch.profiler, CPU and
+    CUDA): the ms from the call's start to its first kernel, the ms the GPU is idle after
+    that, and that idle time by the innermost CPU range (an aten op, an autograd node, an
+    optimizer step) running when each gap began, the n largest, averaged over `steps` calls."""
+    from torch.profiler import ProfilerActivity, profile
+    lead, idle, by = 0.0, 0.0, {}
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            torch.cuda.synchronize()
+        evs = prof.events()
+        gpu = sorted((e.time_range.start, e.time_range.end) for e in evs
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+        cpu = [e for e in evs if e.device_type == torch.autograd.DeviceType.CPU
+               and not e.name.startswith(("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize"))]
+        if not gpu or not cpu:
+            continue
+        start = min(e.time_range.start for e in cpu)
+        lead += (gpu[0][0] - start) / 1e3
+        end = gpu[0][1]
+        for s, e in gpu[1:]:
+            if s > end:
+                gap = s - end
+                idle += gap / 1e3
+                inside = [c for c in cpu if c.time_range.start <= end < c.time_range.end]
+                name = min(inside, key=lambda c: c.time_range.end - c.time_range.start).name if inside else "(none)"
+                by[name] = by.get(name, 0.0) + gap / 1e3
+            end = max(end, e)
+    rows = sorted(by.items(), key=lambda kv: -kv[1])[:n]
+    return {"lead_ms": round(lead / steps, 3), "idle_ms": round(idle / steps, 3),
+            "by_range": [[k[:90], round(v / steps, 3)] for k, v in rows]}
 
 
 def host_profile(call, calls=50, n=25, save_as=None) -> list:
@@ -310,7 +348,7 @@ def _run_child(name: str, train: bool, impl: str, args, gpu: Optional[int] = Non
     path = os.path.join(_TMP, f"row-{name}-{train}-{impl}.json")
     cmd = [sys.executable, "-m", "tests.bench.zoo_gpu", "--one", f"{name}:{'train' if train else 'infer'}:{impl}",
            "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
-        + (["--memory"] if args.memory else []) + (["--host-profile"] if args.host_profile else []) \
+        + (["--memory"] if args.memory else []) + (["--host-profile"] if args.host_profile else []) + (["--gaps"] if args.gaps else []) \
         + ["--top", str(args.top)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0 or not os.path.exists(path):
@@ -329,6 +367,8 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
     ap.add_argument("--host-profile", action="store_true", help="also where each call's host time goes (cProfile)")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also where the GPU waits on the host in one call (lead-in, idle ms by CPU range)")
     ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
     ap.add_argument("--memory", action="store_true",
                     help="also one call's peak after warm-up and the lines whose tensors are alive at it")
@@ -340,18 +380,22 @@ def main(argv=None):
                          "(a 2-GPU machine: --gpus 2); rows print in the usual order once a model's are all in")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
-    global PROFILE, MEMORY, TOP, HOST_PROFILE
-    PROFILE, MEMORY, TOP, HOST_PROFILE = args.profile, args.memory, args.top, args.host_profile
+    global PROFILE, MEMORY, TOP, HOST_PROFILE, GAPS
+    PROFILE, MEMORY, TOP, HOST_PROFILE, GAPS = args.profile, args.memory, args.top, args.host_profile, args.gaps
     if args.one:
         name, mode, impl = args.one.split(":")
         with open(args.json, "w") as f:
             json.dump(run_one(name, mode == "train", impl, args.iters), f)
         return
     impls = args.impls.split(",")
+    from engine.codegen.triton import native_launch
     from engine.guards import native
     if not native.wait(600):
         print(f"note: the C++ tensor-guard checker did not build ({native.build_error()}); "
               "guards run as Python", flush=True)
+    if not native_launch.wait(600):
+        print(f"note: the C++ kernel launcher did not build ({native_launch.build_error()}); "
+              "launches and allocations run as Python", flush=True)
     rows = []
     work = [(m, False) for m in args.models.split(",") if m] + [(m, True) for m in args.train.split(",") if m]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -389,6 +433,12 @@ def main(argv=None):
                 print(f"{name:10} {r['mode']:5} {impl:9} {r['ms']:9.2f} {r['speedup'] or float('nan'):8.2f} "
                       f"{r['cold_s']:7.1f} {r['peak_gib']:8.2f} {r.get('reserved_gib', float('nan')):8.2f} "
                       f"{r['host_ms']:8.2f} {r['tput_ms']:8.2f}", flush=True)
+                if r.get("gaps"):
+                    gp = r["gaps"]
+                    print(f"    GPU waits on the host: {gp['lead_ms']} ms before the first kernel, {gp['idle_ms']} ms "
+                          "idle after it; idle ms by the CPU range running when a gap began:")
+                    for k, ms in gp["by_range"]:
+                        print(f"      {ms:8.3f}  {k}")
                 if r.get("host_ops"):
                     print("    host time (torch.profiler, CPU; self us a call, calls a call, op):")
                     for us, c, where in r["host_ops"]:

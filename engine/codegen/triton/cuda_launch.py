@@ -97,27 +97,33 @@ class CudaKernel:
         _module, self.function, *_ = load_binary(kb.name, kb.binary, self.shared, device)
         self._plan = list(zip(self.positions, self.slots))
 
-    def repeater(self, grid, args, spec, device: int, hooked, counter):
-        """A function f(*args[:-1]) -> bool that launches this kernel again as the launch with
-        `args` did (its last argument, the size xnumel, taken as it was), without looking
-        anything up: one generated line per argument (a tensor's address into its slot),
-        then the launch. False (nothing launched) when an argument specializes otherwise (an
-        address not 16-byte aligned where it was, another integer), the device changed or a
-        launch hook is on. The wrapper calls it first where a kernel's sizes are static."""
-        import torch
-        get_device = getattr(torch._C, "_cuda_getDevice", None)
-        get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    def repeater(self, grid, args, spec, counter):
+        """A function f(stream, *args[:-1]) -> bool that launches this kernel again on `stream`
+        as the launch with `args` did (its last argument, the size xnumel, taken as it was),
+        without looking anything up. False (nothing launched) when the stream is None (the
+        wrapper's `launch_stream`: another device current, or a launch hook on) or an
+        argument specializes otherwise (an address not 16-byte aligned where it was, another
+        integer). The C++ Launch (native_launch) where it is built, else generated Python:
+        one line per argument (a tensor's address into its slot), then the launch. The
+        wrapper calls it first where a kernel's sizes are static."""
         gx, gy = grid[0], grid[1] if len(grid) > 1 else 1
-        if get_device is None or get_stream is None or gx * gy == 0:
+        if gx * gy == 0:
             return None
         slots = dict(self._plan)
+        last = len(args) - 1
+        from .native_launch import module
+        native = module()
+        if native is not None:
+            slot_of = {pos: k for k, pos in enumerate(self.positions)}
+            plan = [(False, False, slot_of.get(i, -1), a) if isinstance(a, int) else (True, bool(spec[i]), slot_of[i], 0)
+                    for i, a in enumerate(args[:last])]
+            values = [args[i] if isinstance(args[i], int) else 0 for i, _ in self._plan]
+            return native.Launch(self.function, gx, gy, self.block, self.shared, plan, values, counter.native_launched)
         from .c_launch import launcher
         c_launch = launcher()
-        ns = {"get_device": get_device, "get_stream": get_stream, "hooked": hooked, "counter": counter,
-              "launch": c_launch or _cuda()[0], "error": self._raise, "FN": self.function,
+        ns = {"counter": counter, "launch": c_launch or _cuda()[0], "error": self._raise, "FN": self.function,
               "PARAMS": ctypes.addressof(self.params) if c_launch else self.params}
-        last = len(args) - 1
-        lines = [f"def repeat({', '.join(f'a{i}' for i in range(last))}):"]
+        lines = [f"def repeat(s, {', '.join(f'a{i}' for i in range(last))}):", "    if s is None: return False"]
         for i, a in enumerate(args):
             if i in slots:
                 ns[f"S{i}"] = slots[i]
@@ -131,13 +137,10 @@ class CudaKernel:
                 if spec[i]:
                     lines.append("    if p & 15: return False")
                 lines.append(f"    S{i}.value = p")
-        lines += [f"    if get_device() != {int(device)} or hooked(): return False",
-                  (f"    code = launch(FN, {gx}, {gy}, {self.block}, {self.shared}, get_stream({int(device)}), PARAMS)"
-                   if c_launch else
-                   f"    code = launch(FN, {gx}, {gy}, 1, {self.block}, 1, 1, {self.shared}, get_stream({int(device)}), "
-                   "PARAMS, None)"),
+        lines += [(f"    code = launch(FN, {gx}, {gy}, {self.block}, {self.shared}, s, PARAMS)" if c_launch else
+                   f"    code = launch(FN, {gx}, {gy}, 1, {self.block}, 1, 1, {self.shared}, s, PARAMS, None)"),
                   "    if code: error(code)",
-                  "    counter.hits += 1",
+                  "    counter.launched += 1",
                   "    return True"]
         exec(compile("\n".join(lines), f"<launch {self.name}>", "exec"), ns)
         return ns["repeat"]

@@ -148,8 +148,14 @@ class DirectLaunch:
         self.knobs = knobs
         self.kernels: dict = {}
         self.compiling: dict = {}    # key -> (Future of a worker's compile, its signature, arg names)
-        self.hits = 0
+        self.launched = 0            # launches made here and by the Python repeats
+        self.native_launched = bytearray(8)    # ... and by the C++ ones (native_launch.Launch)
         self.from_workers = 0        # kernels loaded from a worker process's binary
+
+    @property
+    def hits(self) -> int:
+        """Launches made past Triton's dispatch, repeats included."""
+        return self.launched + int.from_bytes(self.native_launched, "little")
 
     @classmethod
     def create(cls):
@@ -182,12 +188,7 @@ class DirectLaunch:
         return DirectLaunch.bind(args)[0]
 
     def _hooked(self) -> bool:
-        """A launch hook is installed (Triton 3.6 keeps them in chains, empty when none)."""
-        rt = self.knobs.runtime
-        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
-        if type(enter) is type(exit_) and hasattr(enter, "calls"):   # the per-launch fast path
-            return bool(enter.calls or exit_.calls)
-        return any(h is not None and getattr(h, "calls", True) for h in (enter, exit_))
+        return _hooked(self.knobs.runtime)
 
     def launch(self, fn, grid, args, kw, cfg):
         """Launch fn our way: the (kernel, specialization, device) it ran with, or None when
@@ -205,7 +206,7 @@ class DirectLaunch:
             if kernel is None:
                 return None
         kernel(grid, self.driver.get_current_stream(device), values)
-        self.hits += 1
+        self.launched += 1
         return kernel, spec, device
 
     def compile_in(self, workers, fn, args, kw, cfg):
@@ -276,19 +277,42 @@ def _not_yet(*args) -> bool:
     return False
 
 
-def _split_repeater(workspace, device, partials, combine):
+def _hooked(rt) -> bool:
+    """A launch hook is installed in Triton's runtime knobs `rt` (Triton 3.6 keeps them in
+    chains, empty when none)."""
+    enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+    if type(enter) is type(exit_) and hasattr(enter, "calls"):
+        return bool(enter.calls or exit_.calls)
+    return any(h is not None and getattr(h, "calls", True) for h in (enter, exit_))
+
+
+_stream_calls: list = []
+
+
+def launch_stream(device):
+    """The stream a wrapper's repeated launches go to this call: the current CUDA stream of
+    `device` (the graph's GPU) when it is the current device and no launch hook (a profiler)
+    is on, else None (each launch then takes Triton's path). Asked once a call, not once a
+    launch (a Llama training step makes ~490)."""
+    if device is None:
+        return None
+    if not _stream_calls:
+        import torch
+        from triton import knobs
+        rt = knobs.runtime
+        _stream_calls.append((torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream, rt))
+    get_device, get_stream, rt = _stream_calls[0]
+    if get_device() != device or _hooked(rt):
+        return None
+    return get_stream(device)
+
+
+def _split_repeater(workspace, stream, partials, combine):
     """A split reduction's two launches repeated with the first call's workspace kept: the
     next call's partials overwrite it only after this call's combine has read it, on the
     same stream (on another stream the launch takes the slow path, with a new workspace)."""
-    import torch
-    get_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if get_stream is None:
-        return None
-    device = int(device)
-    stream = get_stream(device)
-
-    def repeat(*args):
-        return get_stream(device) == stream and partials(workspace, *args) and combine(workspace, *args)
+    def repeat(s, *args):
+        return s == stream and partials(s, workspace, *args) and combine(s, workspace, *args)
     return repeat
 
 
@@ -298,8 +322,9 @@ class Launcher:
 
     def __init__(self, fn, name: str, kind: str, persistent: bool, x_contiguous: bool, autotune: bool,
                  interpret: bool, inplace_args: tuple, source_hash: str, split_fn=None, split_slots: int = 0,
-                 fixed: Config | None = None):
+                 fixed: Config | None = None, device: int | None = None):
         self.fn = fn
+        self.device = device                   # the graph's GPU: launches repeat only there
         self.fixed = fixed                     # a combo kernel's config: its source assumes this XBLOCK
         self.split_fn = split_fn               # a split reduction's first kernel (partials)
         self.split_slots = split_slots         # fp32 partials per row and split
@@ -314,8 +339,13 @@ class Launcher:
         self.configs: dict = {}
         self.direct = None if interpret else DirectLaunch.create()
         self.plans: dict = {}                  # (xnumel, rnumel) -> the last direct launch's repeater
-        # the wrapper's first try where the sizes are static: `k.fast(a, b) or k(a, b, xnumel=n)`
+        # the wrapper's first try where the sizes are static: `k.fast(_s, a, b) or k(a, b, xnumel=n)`,
+        # _s the call's launch_stream
         self.fast = _not_yet
+
+    def forget_plans(self) -> None:
+        """Drop the repeaters: the next launch makes new ones (the C++ ones, once built)."""
+        self.plans, self.fast = {}, _not_yet
 
     def shape(self, xnumel: int, rnumel: int, args=()) -> Shape:
         split = bool(self.split_slots)
@@ -337,7 +367,7 @@ class Launcher:
         if xnumel == 0 or rnumel == 0 and self.kind == "pointwise":
             return
         repeat = self.plans.get((xnumel, rnumel))
-        if repeat is not None and repeat(*args):
+        if repeat is not None and repeat(launch_stream(self.device), *args):
             return
         cfg = self.config_for(args, xnumel, rnumel)
         self._launch(cfg, args, xnumel, rnumel)
@@ -384,13 +414,13 @@ class Launcher:
                 fn[grid](*a, **kw)
             elif not self.autotune:
                 kernel, spec, device = done
-                repeats.append(kernel.repeater(grid, a, spec, device, self.direct._hooked, self.direct))
+                repeats.append(kernel.repeater(grid, a, spec, self.direct) if device == self.device else None)
         if not repeats or None in repeats:
             return
         if self.split_slots:
             if len(repeats) != 2:
                 return
-            repeat = _split_repeater(a[0], device, *repeats)
+            repeat = _split_repeater(a[0], self.direct.driver.get_current_stream(device), *repeats)
         else:
             (repeat,) = repeats
         if repeat is not None:    # the next call with these sizes repeats this launch
