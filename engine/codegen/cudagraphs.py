@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import weakref
 from collections import Counter
 from typing import Any, Optional
@@ -99,7 +100,7 @@ class _Pool:
     def takes_captures(self) -> bool:
         """Whether a new capture may allocate here: no tensor a replay handed out (over
         memory the allocator counts as free) is alive."""
-        return not any(_held(w) for c in self.captures for w in c.watched)
+        return not any(map(_any_held, self.captures))
 
 
 _ORPHANS: list = []      # pools of graphs that are gone, kept while a tensor they handed out is alive
@@ -160,8 +161,11 @@ class _Capture:
         self.outs: list = []               # non-tensor outputs as they are; tensors as _Out
         self.storages: list = []           # the graph's output memory, as flat uint8 tensors over storage the
                                            # allocator does not own
-        self.watched: list = []            # (index, storage, its own use count) of those handed out as they
-                                           # are (not copied): checked before a replay
+        self.watched: list = []            # (index, storage, its own use count, its StorageImpl's address,
+                                           # its memory's address) of those handed out as they are (not
+                                           # copied): checked before a replay
+        self.watched_impls: list = []      # the StorageImpl addresses and own use counts of those, as two
+        self.watched_counts: list = []     # lists (counted in one C-level pass)
         self.owned: dict = {}              # index -> weak reference to the capture's own tensor's storage
                                            # (what the capturing call returned), while it lives
         self.templates: list = []          # per output: a tensor over the graph's memory a replay hands out
@@ -180,21 +184,27 @@ class _Capture:
 
     def live_outputs(self) -> set:
         """The indices of output buffers something outside the engine holds now."""
-        return {w[0] for w in self.watched if _held(w)} | self.live_owned()
+        return {w[0] for w, n in zip(self.watched, map(_USE_COUNT, self.watched_impls)) if n > w[2]} \
+            | self.live_owned()
 
 
 class _Out:
     """How a replay hands out one tensor output: a view of one of the call's inputs (an
-    output that aliases an input stays an alias of the caller's tensor), or of a fresh copy of
+    output that aliases an input stays an alias of the caller's tensor; all of it: the
+    input itself, as the wrapper returns an input it wrote in place), or of a fresh copy of
     the graph's output memory (outputs sharing memory still share it)."""
 
-    def __init__(self, t: torch.Tensor, input_index: Optional[int], storage_index: Optional[int], offset: int):
+    def __init__(self, t: torch.Tensor, input_index: Optional[int], storage_index: Optional[int], offset: int,
+                 whole: bool = False):
         self.size, self.stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
         self.input_index, self.storage_index, self.offset = input_index, storage_index, offset
+        self.whole = whole
 
     def make(self, args, storages) -> torch.Tensor:
         if self.input_index is not None:
             a = args[self.input_index]
+            if self.whole:      # an optimizer step's updated parameters and states: no view, no copy back
+                return a
             return a.as_strided(self.size, self.stride, a.storage_offset() + self.offset)
         st = storages[self.storage_index]
         return torch.empty((0,), dtype=self.dtype, device=st.device).set_(
@@ -214,14 +224,18 @@ _USE_COUNT = torch._C._storage_Use_Count
 _DETACH = torch.Tensor.detach
 
 
-def _use_count(flat: torch.Tensor) -> int:
-    return _USE_COUNT(flat.untyped_storage()._cdata)
+def _watch(k: int, flat: torch.Tensor) -> tuple:
+    """An output storage's entry in _Capture.watched: its use count now (the graph's own
+    tensors over it) is the count at which nothing else refers to it. Counted off the
+    StorageImpl's address, one C call (the flat tensor, kept in the entry, keeps it alive)."""
+    impl = flat.untyped_storage()._cdata
+    return k, flat, _USE_COUNT(impl), impl, flat.data_ptr()
 
 
-def _held(watched: tuple) -> bool:
-    """Whether anything but the graph's own tensors refers to a storage's memory: a tensor
-    handed out by the last replay, or a view of one. `watched`: (index, flat, own use count)."""
-    return _use_count(watched[1]) > watched[2]
+def _any_held(cap: "_Capture") -> bool:
+    """Whether anything but the graph's own tensors refers to one of its watched storages: a
+    tensor handed out by the last replay, or a view of one."""
+    return any(map(operator.gt, map(_USE_COUNT, cap.watched_impls), cap.watched_counts))
 
 
 def _clear_cublas_workspaces() -> None:
@@ -242,14 +256,16 @@ def _captured_outputs(but: "CudaGraphed") -> set:
 
 
 def _input_storages(static: list) -> dict:
-    """storage address -> (position, dtype, storage offset, weak reference to the storage)
-    of each tensor input. An input the capture consumed may have its memory taken by an
-    output: only one still alive after the capture can be what an output aliases."""
+    """storage address -> (position, dtype, storage offset, weak reference to the storage,
+    sizes and strides) of each tensor input. An input the capture consumed may have its
+    memory taken by an output: only one still alive after the capture can be what an output
+    aliases."""
     inputs: dict = {}
     for i, a in enumerate(static):
         if isinstance(a, torch.Tensor):
             st = a.untyped_storage()
-            inputs.setdefault(st.data_ptr(), (i, a.dtype, a.storage_offset(), StorageWeakRef(st)))
+            inputs.setdefault(st.data_ptr(), (i, a.dtype, a.storage_offset(), StorageWeakRef(st),
+                                              (tuple(a.shape), a.stride())))
     return inputs
 
 
@@ -265,9 +281,10 @@ def _plan_outputs(cap: "_Capture", outs: list, inputs: dict, copied: set) -> Non
             cap.outs.append(o)
             continue
         ptr = o.untyped_storage().data_ptr()
-        i, dtype, offset, ref = inputs.get(ptr, (None, None, 0, None))
+        i, dtype, offset, ref, layout = inputs.get(ptr, (None, None, 0, None, None))
         if i is not None and dtype == o.dtype and not ref.expired():
-            cap.outs.append(_Out(o, i, None, o.storage_offset() - offset))
+            whole = o.storage_offset() == offset and (tuple(o.shape), o.stride()) == layout
+            cap.outs.append(_Out(o, i, None, o.storage_offset() - offset, whole))
             continue
         k = own.get(ptr)
         if k is None:
@@ -431,7 +448,8 @@ class CudaGraphed:
         if type(out) in (list, tuple) and len(flat) == len(out) and all(a is b for a, b in zip(flat, out)):
             cap.flat_type = type(out)
         _plan_outputs(cap, flat, inputs, self.copied)
-        cap.watched = [(k, st, _use_count(st)) for k, st in enumerate(cap.storages) if k not in self.copied]
+        cap.watched = [_watch(k, st) for k, st in enumerate(cap.storages) if k not in self.copied]
+        cap.watched_impls, cap.watched_counts = [w[3] for w in cap.watched], [w[2] for w in cap.watched]
         cap.inplace_order = sorted(cap.ptrs)
         cap.inplace_ptrs = [cap.ptrs[i] for i in cap.inplace_order]
         pool.captures.append(cap)
@@ -489,14 +507,15 @@ class CudaGraphed:
             if c is cap:
                 continue
             owned = c.live_owned()
-            for w in c.watched:       # every output of the graph's own memory not copied out
-                k, extra = w[0], _use_count(w[1]) - w[2]
+            # every output of the graph's own memory not copied out
+            for w, n in zip(c.watched, map(_USE_COUNT, c.watched_impls)):
+                k, extra = w[0], n - w[2]
                 if extra <= 0 and k not in owned or (c.seq, k) in cap.live_at_capture:
                     continue
                 if k not in owned:
                     if arg_refs is None:
                         arg_refs = Counter(a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor))
-                    if extra <= arg_refs.get(w[1].data_ptr(), 0):
+                    if extra <= arg_refs.get(w[4], 0):
                         continue
                 strays.append((c, k))
         return strays
@@ -510,7 +529,7 @@ class CudaGraphed:
                  "its capture, may lie in its scratch: %s; capturing again around them", self.name,
                  sorted({f"capture {c.seq} buffer {k}" for c, k in strays}))
             return self._capture(args, self._release(cap))
-        held = cap.live_outputs() if cap.owned or any(map(_held, cap.watched)) else None
+        held = cap.live_outputs() if cap.owned or _any_held(cap) else None
         if held:
             # the caller still holds an output of the last call: this replay would write over it
             self.copied.update(held)
