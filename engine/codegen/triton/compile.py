@@ -32,9 +32,11 @@ def wanted(g) -> bool:
 
 def start_workers(example_inputs) -> None:
     """Start the compile worker processes when a graph of CUDA tensors comes in, so they
-    load Triton while it lowers."""
-    if config.triton_precompile and any(getattr(a, "is_cuda", False) for a in example_inputs):
-        compile_workers()
+    load Triton while it lowers, and the C++ launcher's build (or its load, where built)."""
+    if any(getattr(a, "is_cuda", False) for a in example_inputs):
+        native_launch.start()
+        if config.triton_precompile:
+            compile_workers()
 
 
 def _precompile_early(module, example_inputs) -> None:
@@ -101,6 +103,7 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
     }
     compiled = finish(gm, g, sched, module, out_spec, wrapper_src, len(kernels), artifacts)
     compiled.triton_kernels = kernels
+    compiled.module = module    # kept while the graph is: native_launch switches its allocators when built
     return compiled
 
 
