@@ -225,6 +225,7 @@ def _body(g, sched, kernels, combos, precompile: bool, gpu=None, alloc=empty_str
     # a combo launches at its last member's step; the members before it launch nothing
     combo_of = {sched.steps[i].name: c for c in combos for i in c.steps}
     launched_at = {i: c.steps[-1] for c in combos for i in c.steps}
+    repeats = []      # the static launches, which repeat on the call's stream (_s)
 
     def kernel_call(step, resolve):
         c = combo_of.get(step.name)
@@ -242,6 +243,7 @@ def _body(g, sched, kernels, combos, precompile: bool, gpu=None, alloc=empty_str
         if precompile:
             return [f"_jobs.extend({name}.precompile({', '.join(args + sizes)}, early=early))"]
         if static:    # the launch repeats the last one (Launcher.fast) unless an argument changed
+            repeats.append(name)
             return [f"{name}.fast({', '.join(['_s'] + args)}) or {call}"]
         return [call]
 
@@ -253,7 +255,7 @@ def _body(g, sched, kernels, combos, precompile: bool, gpu=None, alloc=empty_str
         return _extern_call(g, step, read)
 
     body = call_body(g, sched, kernel_call, step_call, run=not precompile, launched_at=launched_at, alloc=alloc)
-    if not precompile and any(".fast(_s" in ln for ln in body):
+    if repeats:
         # one look at the device, the stream and the launch hooks a call, not one a launch
         body.insert(0, f"_s = launch_stream({gpu})")
     return body

@@ -298,11 +298,14 @@ def launch_stream(device):
         return None
     if not _stream_calls:
         import torch
-        from triton import knobs
-        rt = knobs.runtime
+        try:
+            from triton import knobs
+            rt = knobs.runtime
+        except (ImportError, AttributeError):     # another Triton: its own dispatch only
+            rt = None
         _stream_calls.append((torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream, rt))
     get_device, get_stream, rt = _stream_calls[0]
-    if get_device() != device or _hooked(rt):
+    if rt is None or get_device() != device or _hooked(rt):
         return None
     return get_stream(device)
 
