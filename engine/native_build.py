@@ -8,13 +8,17 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
 import sysconfig
 import threading
+import weakref
 
 import torch
+
+import observe
 
 
 def build(name: str, source: str, directory: str, libraries: tuple = ("c10", "torch", "torch_cpu", "torch_python")):
@@ -49,3 +53,67 @@ def build(name: str, source: str, directory: str, libraries: tuple = ("c10", "to
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
+
+
+class BackgroundBuild:
+    """One extension built (or, where built before, loaded) on a background thread, once a
+    process, and the objects that wait to switch to it. `enabled()` reads the config knob
+    that turns it off; `switch(obj)` moves an object made before the build finished onto
+    it; a failed build is logged once (`log_name`, `fallback`: what stays Python)."""
+
+    def __init__(self, name: str, source: str, enabled, switch, log_name: str, fallback: str):
+        self.name, self.source = name, source
+        self.enabled, self.switch = enabled, switch
+        self.log_name, self.fallback = log_name, fallback
+        self.module = None
+        self.failed: str | None = None      # the first line of why it did not build
+        self.waiting = weakref.WeakSet()
+        self._thread = None
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+
+    def _run(self, directory: str) -> None:
+        try:
+            mod = build(self.name, self.source, directory)
+        except Exception as exc:     # no compiler, no headers
+            self.failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            observe.log(self.log_name, logging.INFO, "%s: the C++ extension %s did not build: %s", self.fallback,
+                        self.name, self.failed)
+            self._ready.set()
+            return
+        with self._lock:
+            self.module = mod
+            waiting = list(self.waiting)
+            self.waiting.clear()
+        for obj in waiting:
+            self.switch(obj)
+        self._ready.set()
+
+    def start(self) -> bool:
+        """Start the build if it has not started; whether the extension can be had at all."""
+        from engine import config
+        if not self.enabled() or self.failed is not None:
+            return False
+        if self.module is None and self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, args=(config.native_dir,),
+                                                    name=self.name, daemon=True)
+                    self._thread.start()
+        return True
+
+    def when_ready(self, obj) -> None:
+        """switch(obj) now if the extension is built, else when it is (starting the build)."""
+        if not self.start():
+            return
+        with self._lock:
+            if self.module is None:
+                self.waiting.add(obj)
+                return
+        self.switch(obj)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the build has finished (or failed); whether the extension is available."""
+        if self.start():
+            self._ready.wait(timeout)
+        return self.module is not None

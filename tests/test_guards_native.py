@@ -17,7 +17,7 @@ from engine_helpers import cache_entries as entries, fresh_engine  # noqa: F401 
 @pytest.fixture(autouse=True)
 def native_built():
     if not native.wait(timeout=600):
-        pytest.skip(f"the C++ tensor checker did not build here: {native._state['failed']}")
+        pytest.skip(f"the C++ tensor checker did not build here: {native.build_error()}")
 
 
 def scale(x, w):

@@ -493,8 +493,8 @@ def test_launches_and_allocations_repeat_through_cpp_once_it_is_built():
 def test_a_wrapper_loaded_before_the_cpp_launcher_was_built_switches_to_it(monkeypatch):
     from engine.codegen.triton import native_launch
     assert native_launch.wait(600), native_launch.build_error()
-    built = native_launch._state["module"]
-    monkeypatch.setitem(native_launch._state, "module", None)      # as while it builds
+    built = native_launch._BUILD.module
+    monkeypatch.setattr(native_launch._BUILD, "module", None)      # as while it builds
     seen, seen_mods = {id(la) for la in _launchers()}, {id(m) for m in _wrapper_modules()}
     fn = engine.compile(lambda x, w: _layer(x, w) - 1)
     x, w = torch.randn(32, 48, device=DEV), torch.randn(16, 48, device=DEV)
@@ -503,8 +503,8 @@ def test_a_wrapper_loaded_before_the_cpp_launcher_was_built_switches_to_it(monke
     new = [la for la in _launchers() if id(la) not in seen]
     (mod,) = [m for m in _wrapper_modules() if id(m) not in seen_mods]
     assert new and not any(type(la.fast).__name__ == "Launch" for la in new)
-    assert mod in native_launch._waiting
-    monkeypatch.setitem(native_launch._state, "module", built)     # the build finishes
+    assert mod in native_launch._BUILD.waiting
+    monkeypatch.setattr(native_launch._BUILD, "module", built)     # the build finishes
     native_launch._upgrade(mod)
     for _ in range(2):
         x = torch.randn(32, 48, device=DEV)

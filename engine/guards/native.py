@@ -16,17 +16,11 @@ meaning; guards compiled before it was ready switch to it when it is."""
 
 from __future__ import annotations
 
-import logging
-import threading
-import weakref
 from typing import Optional
 
 import torch
 
-import observe
-
-from ..native_build import build
-
+from ..native_build import BackgroundBuild
 from .program import OPS
 
 _SOURCE = r"""
@@ -301,43 +295,14 @@ PYBIND11_MODULE(engine_native_guards, m) {
 }
 """.replace("@OPS@", ", ".join(OPS))
 
-_state: dict = {"module": None, "thread": None, "failed": None}
-_lock = threading.Lock()
-_waiting = weakref.WeakSet()      # CompiledGuards compiled in Python that switch when it is ready
-_ready = threading.Event()
+_BUILD = BackgroundBuild("engine_native_guards", _SOURCE, enabled=lambda: _config().native_guards,
+                        switch=lambda compiled: compiled.use_native(), log_name="dynamo",
+                        fallback="tensor guards stay Python")
 
 
-def _build_in_background(directory: str) -> None:
-    try:
-        mod = build("engine_native_guards", _SOURCE, directory)
-    except Exception as exc:     # no compiler, no headers: the guards stay Python
-        _state["failed"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        observe.log("dynamo", logging.INFO, "tensor guards stay Python: the C++ checker did not build: %s",
-                    _state["failed"])
-        _ready.set()
-        return
-    with _lock:
-        _state["module"] = mod
-        waiting = list(_waiting)
-        _waiting.clear()
-    for compiled in waiting:
-        compiled.use_native()
-    _ready.set()
-
-
-def _start() -> bool:
-    """Start the build if it has not started; whether the checker can be had at all."""
+def _config():
     from engine import config
-    if not config.native_guards or _state["failed"] is not None:
-        return False
-    if _state["module"] is None and _state["thread"] is None:
-        with _lock:
-            if _state["thread"] is None:
-                t = threading.Thread(target=_build_in_background, args=(config.native_dir,),
-                                     name="engine-native-guards", daemon=True)
-                _state["thread"] = t
-                t.start()
-    return True
+    return config
 
 
 def checker(program):
@@ -345,7 +310,7 @@ def checker(program):
     is not built (or is turned off)."""
     from engine import config
     from .program import OP, module_class_is_plain
-    mod = _state["module"]
+    mod = _BUILD.module
     if mod is None or not config.native_guards:
         return None
     # the C++ side takes each MODULE_HASATTR class's version tag now: asked again here, in case
@@ -357,32 +322,23 @@ def checker(program):
 
 def wanted() -> bool:
     """Whether guards should be made into programs: the checker is on and has not failed to build."""
-    from engine import config
-    return config.native_guards and _state["failed"] is None
+    return _config().native_guards and _BUILD.failed is None
 
 
 def when_ready(compiled) -> None:
     """Switch `compiled` (a CompiledGuards) to the C++ checker now if it is built, else
     when it is (starting the build)."""
-    if not _start():
-        return
-    with _lock:
-        if _state["module"] is None:
-            _waiting.add(compiled)
-            return
-    compiled.use_native()
+    _BUILD.when_ready(compiled)
 
 
 def wait(timeout: Optional[float] = None) -> bool:
     """Block until the build has finished (or failed); True when the checker is available."""
-    if _start():
-        _ready.wait(timeout)
-    return _state["module"] is not None
+    return _BUILD.wait(timeout)
 
 
 def build_error() -> Optional[str]:
     """Why the checker did not build (its first line), or None."""
-    return _state["failed"]
+    return _BUILD.failed
 
 
 def spec_of(m) -> tuple:

@@ -17,14 +17,9 @@ switch to it (`when_ready`)."""
 from __future__ import annotations
 
 import functools
-import logging
-import threading
-import weakref
 from typing import Optional
 
-import observe
-
-from ...native_build import build
+from ...native_build import BackgroundBuild
 
 _SOURCE = r"""
 #include <torch/csrc/autograd/python_variable.h>
@@ -257,61 +252,55 @@ PyMODINIT_FUNC PyInit_engine_native_launch(void) {
 }
 """
 
-_state: dict = {"module": None, "thread": None, "failed": None}
-_lock = threading.Lock()
-_waiting = weakref.WeakSet()      # wrapper modules loaded before it was ready
-_ready = threading.Event()
+def _enabled() -> bool:
+    from engine import config
+    return config.native_launch
 
 
-def _build_in_background(directory: str) -> None:
-    try:
-        mod = build("engine_native_launch", _SOURCE, directory)
-    except Exception as exc:     # no compiler, no headers: launches and allocations stay Python
-        _state["failed"] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        observe.log("inductor", logging.INFO, "kernel launches and allocations stay Python: the C++ launcher did "
-                    "not build: %s", _state["failed"])
-        _ready.set()
+def _upgrade(wrapper_module) -> None:
+    """Rebind a wrapper module's allocators to C++ ones and drop its Python repeats (the
+    next launch of each kernel makes a C++ one)."""
+    from .launcher import Launcher
+    if module() is None:
         return
-    with _lock:
-        _state["module"] = mod
-        waiting = list(_waiting)
-        _waiting.clear()
-    for module in waiting:
-        _upgrade(module)
-    _ready.set()
+    ns = vars(wrapper_module)
+    for name, value in list(ns.items()):
+        if isinstance(value, functools.partial) and name.startswith("_alloc_"):
+            ns[name] = allocator(*value.args, **value.keywords)
+        elif isinstance(value, Launcher):
+            value.forget_plans()
+
+
+_BUILD = BackgroundBuild("engine_native_launch", _SOURCE, enabled=_enabled, switch=_upgrade, log_name="inductor",
+                         fallback="kernel launches and allocations stay Python")
 
 
 def start() -> bool:
-    """Start the build if it has not started; whether the launcher can be had at all."""
-    from engine import config
-    if not config.native_launch or _state["failed"] is not None:
-        return False
-    if _state["module"] is None and _state["thread"] is None:
-        with _lock:
-            if _state["thread"] is None:
-                t = threading.Thread(target=_build_in_background, args=(config.native_dir,),
-                                     name="engine-native-launch", daemon=True)
-                _state["thread"] = t
-                t.start()
-    return True
+    """Start the build (or the load, where built) if it has not started; whether the
+    launcher can be had at all."""
+    return _BUILD.start()
 
 
 def module():
     """The built extension, or None (not built yet, failed, turned off, or no libcuda)."""
-    from engine import config
-    mod = _state["module"]
-    return mod if mod is not None and mod.has_libcuda and config.native_launch else None
+    mod = _BUILD.module
+    return mod if mod is not None and mod.has_libcuda and _enabled() else None
 
 
 def wait(timeout: Optional[float] = None) -> bool:
     """Block until the build has finished (or failed); True when the launcher is available."""
-    if start():
-        _ready.wait(timeout)
+    _BUILD.wait(timeout)
     return module() is not None
 
 
 def build_error() -> Optional[str]:
-    return _state["failed"]
+    return _BUILD.failed
+
+
+def when_ready(wrapper_module) -> None:
+    """Switch a wrapper module's allocators and launches to the C++ ones once they are built
+    (now, if they are)."""
+    _BUILD.when_ready(wrapper_module)
 
 
 def allocator(sizes: tuple, strides: tuple, dtype, device):
@@ -322,27 +311,3 @@ def allocator(sizes: tuple, strides: tuple, dtype, device):
     if mod is not None:
         return mod.Alloc(sizes, strides, dtype, device)
     return functools.partial(torch.empty_strided, sizes, strides, dtype=dtype, device=device)
-
-
-def when_ready(wrapper_module) -> None:
-    """Switch a wrapper module's allocators and launches to the C++ ones once they are built
-    (now, if they are)."""
-    if not start():
-        return
-    with _lock:
-        if _state["module"] is None:
-            _waiting.add(wrapper_module)
-            return
-    _upgrade(wrapper_module)
-
-
-def _upgrade(wrapper_module) -> None:
-    from .launcher import Launcher
-    if module() is None:
-        return
-    ns = vars(wrapper_module)
-    for name, value in list(ns.items()):
-        if isinstance(value, functools.partial) and name.startswith("_alloc_"):
-            ns[name] = allocator(*value.args, **value.keywords)
-        elif isinstance(value, Launcher):
-            value.forget_plans()     # the next launch makes a C++ one
