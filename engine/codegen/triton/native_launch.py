@@ -27,6 +27,7 @@ _SOURCE = r"""
 #include <torch/csrc/Dtype.h>
 #include <ATen/ATen.h>
 #include <dlfcn.h>
+#include <memory>
 #include <vector>
 
 typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
@@ -119,36 +120,27 @@ static PyObject *launch_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
     PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 has no cuLaunchKernel here");
     return nullptr;
   }
-  Plan *plan = new Plan();
+  auto plan = std::make_unique<Plan>();
   plan->function = (void *)function;
   plan->gx = gx; plan->gy = gy; plan->block = block; plan->shared = shared;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args); i++) {
     Arg arg;
     int tensor, aligned;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(args, i), "ppiL", &tensor, &aligned, &arg.slot, &arg.expected)) {
-      delete plan;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(args, i), "ppiL", &tensor, &aligned, &arg.slot, &arg.expected))
       return nullptr;
-    }
     arg.tensor = tensor; arg.aligned = aligned;
     plan->args.push_back(arg);
   }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); i++) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(values); i++)
     plan->values.push_back((uint64_t)PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(values, i)));
-  }
   plan->values.push_back(0);     // the two scratch pointers Triton's kernels take last: null
   plan->values.push_back(0);
   for (auto &v : plan->values) plan->params.push_back(&v);
-  if (PyErr_Occurred()) {
-    delete plan;
-    return nullptr;
-  }
+  if (PyErr_Occurred()) return nullptr;
   Launch *self = (Launch *)type->tp_alloc(type, 0);
-  if (self == nullptr) {
-    delete plan;
-    return nullptr;
-  }
+  if (self == nullptr) return nullptr;
   self->vectorcall = launch_call;
-  self->plan = plan;
+  self->plan = plan.release();
   Py_INCREF(counter);
   self->counter = counter;
   return (PyObject *)self;
@@ -195,19 +187,13 @@ static PyObject *alloc_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
   PyObject *sizes, *strides, *dtype, *device;
   if (!PyArg_ParseTuple(a, "OOO!O!", &sizes, &strides, &THPDtypeType, &dtype, &THPDeviceType, &device))
     return nullptr;
-  Layout *layout = new Layout();
-  if (!int_list(sizes, layout->sizes) || !int_list(strides, layout->strides)) {
-    delete layout;
-    return nullptr;
-  }
+  auto layout = std::make_unique<Layout>();
+  if (!int_list(sizes, layout->sizes) || !int_list(strides, layout->strides)) return nullptr;
   layout->options = at::TensorOptions().dtype(((THPDtype *)dtype)->scalar_type).device(((THPDevice *)device)->device);
   Alloc *self = (Alloc *)type->tp_alloc(type, 0);
-  if (self == nullptr) {
-    delete layout;
-    return nullptr;
-  }
+  if (self == nullptr) return nullptr;
   self->vectorcall = alloc_call;
-  self->layout = layout;
+  self->layout = layout.release();
   return (PyObject *)self;
 }
 
@@ -220,27 +206,30 @@ static PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 static PyTypeObject AllocType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "engine_native_launch", nullptr, -1, nullptr};
 
+// a type whose instances are called through the vectorcall slot at `call_offset`
+static bool callable_type(PyTypeObject &t, const char *name, Py_ssize_t size, Py_ssize_t call_offset, newfunc make,
+                          destructor dealloc) {
+  t.tp_name = name;
+  t.tp_basicsize = size;
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_vectorcall_offset = call_offset;
+  t.tp_call = PyVectorcall_Call;
+  t.tp_new = make;
+  t.tp_dealloc = dealloc;
+  return PyType_Ready(&t) == 0;
+}
+
 PyMODINIT_FUNC PyInit_engine_native_launch(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (lib != nullptr) {
     cu_launch = (launch_t)dlsym(lib, "cuLaunchKernel");
     cu_error_string = (error_string_t)dlsym(lib, "cuGetErrorString");
   }
-  LaunchType.tp_name = "engine_native_launch.Launch";
-  LaunchType.tp_basicsize = sizeof(Launch);
-  LaunchType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  LaunchType.tp_vectorcall_offset = offsetof(Launch, vectorcall);
-  LaunchType.tp_call = PyVectorcall_Call;
-  LaunchType.tp_new = launch_new;
-  LaunchType.tp_dealloc = launch_dealloc;
-  AllocType.tp_name = "engine_native_launch.Alloc";
-  AllocType.tp_basicsize = sizeof(Alloc);
-  AllocType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  AllocType.tp_vectorcall_offset = offsetof(Alloc, vectorcall);
-  AllocType.tp_call = PyVectorcall_Call;
-  AllocType.tp_new = alloc_new;
-  AllocType.tp_dealloc = alloc_dealloc;
-  if (PyType_Ready(&LaunchType) < 0 || PyType_Ready(&AllocType) < 0) return nullptr;
+  if (!callable_type(LaunchType, "engine_native_launch.Launch", sizeof(Launch), offsetof(Launch, vectorcall),
+                     launch_new, launch_dealloc) ||
+      !callable_type(AllocType, "engine_native_launch.Alloc", sizeof(Alloc), offsetof(Alloc, vectorcall), alloc_new,
+                     alloc_dealloc))
+    return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&LaunchType);
