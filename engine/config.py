@@ -64,6 +64,10 @@ native_guards: bool = os.environ.get("ENGINE_NATIVE_GUARDS", "1") != "0"
 native_launch: bool = os.environ.get("ENGINE_NATIVE_LAUNCH", "1") != "0"
 native_dir: str = os.environ.get("ENGINE_NATIVE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "engine-native")
+# A 16-bit CUDA matmul whose product a graph returns cast to fp32 (autocast's weight
+# gradients) computes fp32 directly, not rounded to 16 bits first (engine/codegen/wide_matmul.py);
+# 0: eager's rounding.
+wide_matmul: bool = os.environ.get("ENGINE_WIDE_MATMUL", "1") != "0"
 triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
 
 

@@ -357,6 +357,36 @@ def test_the_backward_of_an_odd_vocabulary_reads_one_padded_copy_of_the_logits_g
     assert "// 50264" not in backward[0] and "% 50264" not in backward[0], backward[0][-6000:]
 
 
+def test_autocast_weight_gradients_are_fp32_matmuls_not_rounded_to_bf16():
+    """Under autocast a Linear's weight gradient is the bf16 matmul's product cast to the
+    weight's fp32; compiled, cuBLAS writes it in fp32 (wide_matmul.py): no cast kernel, and
+    each element is the fp32 accumulator where eager's is that rounded to bf16: the two
+    differ by about half a bf16 step (2**-9 of the value)."""
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 128)).to(DEV)
+    x = torch.randn(4, 96, 256, device=DEV)
+
+    def loss_of(x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return mlp(x).float().square().mean()
+
+    loss_of(x).backward()
+    want = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad(set_to_none=True)
+    with logs("output_code") as code:
+        engine.compile(loss_of, backend="inductor")(x).backward()
+    got = [p.grad for p in mlp.parameters()]
+    assert sum(c.count("out_dtype=torch.float32") for c in code) == 2, "\n".join(code)[-4000:]
+    for i in (0, 2):        # the weights: eager's rounded to bf16, ours not
+        g, w = got[i], want[i]
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=2 ** -7, atol=1e-3 * w.abs().max().item())
+    for i in (1, 3):        # the biases: summed as before
+        torch.testing.assert_close(got[i], want[i], rtol=1e-2, atol=1e-5)
+
+
 def test_an_adamw_step_is_fused_per_parameter_and_updates_in_place():
     """engine.compile(opt.step) on CUDA parameters: the capturable AdamW step's foreach ops
     become one Triton kernel per parameter plus one for every step count, each storing into

@@ -28,6 +28,7 @@ from .graph import GraphLowering, Unsupported
 from .ir import ExternKernel, format_node
 from .channels_last import convolutions_channels_last
 from .pad_mm import pad_matmuls
+from .wide_matmul import widen_matmuls
 from .runtime import LayoutMismatch
 from .provenance import kernel_origins
 from .scheduler import FusedKernel, schedule
@@ -150,9 +151,12 @@ def output_buffers(g) -> set:
 def lower_and_schedule(gm, example_inputs):
     """Lowering and scheduling, shared by the C++ and Triton emitters: returns the graph's
     cache key, its lowering, its schedule and the pre-fusion IR text."""
+    from engine import config
     # rewrites before the key: the rewritten graph is what gets compiled
     if pad_matmuls(gm):
         _hint("16-bit matmuls with a size not a multiple of 8 run on zero-padded operands (pad_mm.py)")
+    if config.wide_matmul and widen_matmuls(gm):
+        _hint("16-bit matmuls whose product the graph returns cast to fp32 compute fp32 directly (wide_matmul.py)")
     if convolutions_channels_last(gm):
         _hint("convolutions run channels-last; the graph's input is copied to that layout once (channels_last.py)")
     key = graph_key(gm, example_inputs)

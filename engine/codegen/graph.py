@@ -650,7 +650,7 @@ class GraphLowering:
         return result
 
 
-_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.mm.dtype, torch.ops.aten.addmm.default}
 
 
 def _runs_as_extern(op) -> bool:

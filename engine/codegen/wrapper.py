@@ -308,6 +308,7 @@ _BINDINGS = {getattr(torch.ops.aten, name).default: f"torch.{name}"
              for name in ("convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_efficient_attention",
                           "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention")
              if hasattr(torch._C._VariableFunctions, name)}
+_BINDINGS[torch.ops.aten.mm.dtype] = "torch.mm"     # out_dtype= by keyword (wide_matmul.py)
 
 
 def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
