@@ -910,6 +910,41 @@ def test_a_buffer_updated_from_a_parameter_on_every_call_backpropagates_every_ca
         torch.testing.assert_close(m1.running, m0.running)
 
 
+def _hypot_of_the_buffer(m, x):
+    m.running.add_(m.scale)
+    return torch.hypot(m.running, x)
+
+
+def _buffer_times_input(m, x):
+    m.running.lerp_(m.scale, 0.5)
+    return m.running[1:], torch.sin(m.running) * x
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_hypot_of_the_buffer, _buffer_times_input])
+def test_a_buffer_updated_from_a_parameter_beside_ops_that_save_tensors(backend, fn):
+    """The same chain through calls where the graph also saves tensors for its other ops
+    (fuzz 924288, 912548): the second call's backward reaches the first call's node with a
+    gradient for the updated buffer alone. Eager's node for the update saved nothing; the
+    compiled node's saved tensors (hypot's, sin's) were freed by the first backward, and
+    reading them raised "backward through the graph a second time". A backward that reads
+    none of them now runs without them, with eager's gradients."""
+    def make():
+        m = torch.nn.Module()
+        m.scale = torch.nn.Parameter(torch.linspace(-1, 1, 3))
+        m.register_buffer("running", torch.zeros(3))
+        return m
+
+    m0, m1 = make(), make()
+    compiled = engine.compile(fn, backend=backend)
+    for i in range(3):
+        x = torch.randn(3, generator=torch.Generator().manual_seed(i))
+        sum(o.sum() for o in torch.atleast_1d(fn(m0, x))).backward()
+        sum(o.sum() for o in torch.atleast_1d(compiled(m1, x))).backward()
+        torch.testing.assert_close(m1.scale.grad, m0.scale.grad)
+        torch.testing.assert_close(m1.running, m0.running)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_input_the_generated_code_writes_in_place_fails_a_backward_that_saved_it(backend):
     """Eager's `x * w` saves w; a compiled `w.mul_(2)` then changes it. Eager's backward

@@ -13,7 +13,7 @@ import logging
 import math
 import operator
 from contextlib import nullcontext
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.fx
@@ -196,6 +196,20 @@ class BackwardsByMissing:
         """The optional saved inputs that a backward with `missing` gradients does not need."""
         present = sum(1 << j for j, m in enumerate(missing) if not m)
         return frozenset(i for i in self.optional_saved if not self.reader_masks[i] & present)
+
+    def stand_ins(self, missing: tuple, positions: list) -> Optional[list]:
+        """Uninitialized tensors in the layouts of the saved inputs at `positions`, for a
+        backward with `missing` gradients that reads none of them (an earlier backward freed
+        their values), or None where it reads one or a layout is not static."""
+        present = sum(1 << j for j, m in enumerate(missing) if not m)
+        out = []
+        for i in positions:
+            ex = self.examples[i]
+            if self.reader_masks[i] & present or not isinstance(ex, torch.Tensor) \
+                    or not all(isinstance(s, int) for s in (*ex.shape, *ex.stride())):
+                return None
+            out.append(torch.empty_strided(tuple(ex.shape), ex.stride(), dtype=ex.dtype, device=ex.device))
+        return out
 
     def _compile(self, missing: tuple, zero: set) -> Callable:
         if not needs_pruning(zero):

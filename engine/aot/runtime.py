@@ -173,11 +173,25 @@ class TrainingEntry:
             # Nothing saved: not read at all. A second backward through a node that saved
             # nothing runs in eager (a buffer updated in place from a parameter on each call
             # chains the calls' nodes), and autograd raises on reading a freed node's list.
-            tensors = iter(ctx.saved_tensors if None in ctx.saved_other else ())
-            args = [next(tensors) if o is None else o for o in ctx.saved_other]
+            # Saved tensors an earlier backward freed and this one does not read stand in as
+            # uninitialized tensors of their layout: that chain's next backward reaches the
+            # last call's node with a gradient for the updated buffer alone, which needs none
+            # of what the rest of the graph saved (eager's node for the update saved nothing;
+            # fuzz 912548, 924288).
+            saved = ctx.saved_other
+            try:
+                tensors = iter(ctx.saved_tensors if None in saved else ())
+            except RuntimeError:
+                tensors = iter(_stand_ins(backward_for, missing, [i for i, o in enumerate(saved) if o is None]))
+            args = [next(tensors) if o is None else o for o in saved]
             del tensors
             if optional:
-                _unkeep(ctx, args, unread)
+                if ctx.kept is None:
+                    freed = [i for i, o in enumerate(saved) if o is _KEPT]
+                    args_at = dict(zip(freed, _stand_ins(backward_for, missing, freed)))
+                    args = [args_at.get(i, a) for i, a in enumerate(args)]
+                else:
+                    _unkeep(ctx, args, unread)
             for k, m in enumerate(mask):
                 if not m:
                     continue
@@ -233,15 +247,22 @@ def _keep_outside_autograd(saved: list, is_tensor: list, optional: tuple) -> dic
 _keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
 
 
-def _unkeep(ctx, args: list, unread: frozenset) -> None:
-    """Put the kept tensors into the backward's arguments, with autograd's checks: a tensor
-    the backward reads must not have been written in place since, and a backward through
-    the graph a second time finds them freed (unless the graph was retained)."""
-    kept = ctx.kept
-    if kept is None:
+def _stand_ins(backward_for, missing: tuple, freed: list) -> list:
+    """Stand-ins for the saved tensors at `freed`, which an earlier backward freed, where a
+    backward with `missing` gradients reads none of them; else autograd's error."""
+    stand_ins = backward_for.stand_ins(missing, freed) if any(missing) else None
+    if stand_ins is None:
         raise RuntimeError("Trying to backward through the graph a second time (or directly access saved "
                            "tensors after they have already been freed): a compiled graph's saved tensors "
                            "were freed after the first backward. Specify retain_graph=True the first time.")
+    return stand_ins
+
+
+def _unkeep(ctx, args: list, unread: frozenset) -> None:
+    """Put the kept tensors into the backward's arguments, with autograd's checks: a tensor
+    the backward reads must not have been written in place since, and a backward through
+    the graph a second time finds them freed (unless the graph was retained; _backward)."""
+    kept = ctx.kept
     for i, (t, version) in kept.items():
         if i not in unread and t._version != version:
             raise RuntimeError(
