@@ -57,13 +57,13 @@ def build(name: str, source: str, directory: str, libraries: tuple = ("c10", "to
 
 class BackgroundBuild:
     """One extension built (or, where built before, loaded) on a background thread, once a
-    process, and the objects that wait to switch to it. `enabled()` reads the config knob
+    process, and the objects that wait to switch to it. `knob`: the engine.config switch
     that turns it off; `switch(obj)` moves an object made before the build finished onto
     it; a failed build is logged once (`log_name`, `fallback`: what stays Python)."""
 
-    def __init__(self, name: str, source: str, enabled, switch, log_name: str, fallback: str):
+    def __init__(self, name: str, source: str, knob: str, switch, log_name: str, fallback: str):
         self.name, self.source = name, source
-        self.enabled, self.switch = enabled, switch
+        self.knob, self.switch = knob, switch
         self.log_name, self.fallback = log_name, fallback
         self.module = None
         self.failed: str | None = None      # the first line of why it did not build
@@ -88,6 +88,10 @@ class BackgroundBuild:
         for obj in waiting:
             self.switch(obj)
         self._ready.set()
+
+    def enabled(self) -> bool:
+        from engine import config
+        return getattr(config, self.knob)
 
     def start(self) -> bool:
         """Start the build if it has not started; whether the extension can be had at all."""

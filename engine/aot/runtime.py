@@ -188,8 +188,8 @@ class TrainingEntry:
             if optional:
                 if ctx.kept is None:
                     freed = [i for i, o in enumerate(saved) if o is _KEPT]
-                    args_at = dict(zip(freed, _stand_ins(backward_for, missing, freed)))
-                    args = [args_at.get(i, a) for i, a in enumerate(args)]
+                    for i, t in zip(freed, _stand_ins(backward_for, missing, freed)):
+                        args[i] = t
                 else:
                     _unkeep(ctx, args, unread)
             for k, m in enumerate(mask):

@@ -295,23 +295,17 @@ PYBIND11_MODULE(engine_native_guards, m) {
 }
 """.replace("@OPS@", ", ".join(OPS))
 
-_BUILD = BackgroundBuild("engine_native_guards", _SOURCE, enabled=lambda: _config().native_guards,
+_BUILD = BackgroundBuild("engine_native_guards", _SOURCE, knob="native_guards",
                         switch=lambda compiled: compiled.use_native(), log_name="dynamo",
                         fallback="tensor guards stay Python")
-
-
-def _config():
-    from engine import config
-    return config
 
 
 def checker(program):
     """The C++ function of (L, G) that runs a program.Program, or None while the extension
     is not built (or is turned off)."""
-    from engine import config
     from .program import OP, module_class_is_plain
     mod = _BUILD.module
-    if mod is None or not config.native_guards:
+    if mod is None or not _BUILD.enabled():
         return None
     # the C++ side takes each MODULE_HASATTR class's version tag now: asked again here, in case
     # the class changed since the guards were compiled
@@ -322,7 +316,7 @@ def checker(program):
 
 def wanted() -> bool:
     """Whether guards should be made into programs: the checker is on and has not failed to build."""
-    return _config().native_guards and _BUILD.failed is None
+    return _BUILD.enabled() and _BUILD.failed is None
 
 
 def when_ready(compiled) -> None:

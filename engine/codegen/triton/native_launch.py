@@ -241,11 +241,6 @@ PyMODINIT_FUNC PyInit_engine_native_launch(void) {
 }
 """
 
-def _enabled() -> bool:
-    from engine import config
-    return config.native_launch
-
-
 def _upgrade(wrapper_module) -> None:
     """Rebind a wrapper module's allocators to C++ ones and drop its Python repeats (the
     next launch of each kernel makes a C++ one)."""
@@ -260,7 +255,7 @@ def _upgrade(wrapper_module) -> None:
             value.forget_plans()
 
 
-_BUILD = BackgroundBuild("engine_native_launch", _SOURCE, enabled=_enabled, switch=_upgrade, log_name="inductor",
+_BUILD = BackgroundBuild("engine_native_launch", _SOURCE, knob="native_launch", switch=_upgrade, log_name="inductor",
                          fallback="kernel launches and allocations stay Python")
 
 
@@ -273,7 +268,7 @@ def start() -> bool:
 def module():
     """The built extension, or None (not built yet, failed, turned off, or no libcuda)."""
     mod = _BUILD.module
-    return mod if mod is not None and mod.has_libcuda and _enabled() else None
+    return mod if mod is not None and mod.has_libcuda and _BUILD.enabled() else None
 
 
 def wait(timeout: Optional[float] = None) -> bool:
