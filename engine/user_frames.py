@@ -5,6 +5,7 @@ later stage reads it back here: AOT errors, the kernels' provenance, the report.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 _FRAME = re.compile(r'\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<fn>\S+)\n?(?P<code>[^\n]*)')
@@ -28,10 +29,13 @@ def format_stack(frames) -> str:
                    for f, n, fn, code in frames)
 
 
-def user_frames(node) -> list[UserFrame]:
+def user_frames(node) -> tuple[UserFrame, ...]:
     """The frames of a node's `stack_trace`, outermost first."""
     return frames_of(node.meta.get("stack_trace") or "")
 
 
-def frames_of(trace: str) -> list[UserFrame]:
-    return [UserFrame(m["file"], int(m["line"]), m["fn"], m["code"].strip()) for m in _FRAME.finditer(trace)]
+@functools.lru_cache(maxsize=4096)
+def frames_of(trace: str) -> tuple[UserFrame, ...]:
+    # cached: make_fx copies one captured node's trace onto every aten node made from it
+    # (an optimizer step's thousands of nodes share a few dozen traces)
+    return tuple(UserFrame(m["file"], int(m["line"]), m["fn"], m["code"].strip()) for m in _FRAME.finditer(trace))

@@ -45,13 +45,8 @@ def _short(path: str) -> str:
 
 
 def _aten_names(step) -> list:
-    names: list = []
     sources = [step.origins] if isinstance(step, ExternKernel) else [m.buf.origins for m in step.members]
-    for origins in sources:
-        for n in origins:
-            if n not in names and n != "output":
-                names.append(n)
-    return names
+    return [n for n in dict.fromkeys(n for origins in sources for n in origins) if n != "output"]
 
 
 def kernel_origins(gm, steps) -> list[KernelOrigin]:
@@ -60,22 +55,19 @@ def kernel_origins(gm, steps) -> list[KernelOrigin]:
     out = []
     for step in steps:
         aten = _aten_names(step)
-        fx: list = []
-        lines: list[UserFrame] = []
-        stacks: list = []
+        fx: dict = {}          # dicts as ordered sets: an optimizer's kernels fuse thousands of nodes
+        lines: dict = {}       # the innermost user frame -> the calls that led to it
         for name in aten:
             node = nodes.get(name)
             if node is None:
                 continue
-            for f in node.meta.get("fx_origins", ()):
-                if f not in fx:
-                    fx.append(f)
+            fx.update(dict.fromkeys(node.meta.get("fx_origins", ())))
             # a node stands for the repeated calls merged into it too (aot/cse.py)
             for frames in [user_frames(node)] + [frames_of(t) for t in node.meta.get("merged_stack_traces", ())]:
                 if frames and frames[-1] not in lines:
-                    lines.append(frames[-1])
-                    stacks.append(frames[-1 - STACK_FRAMES:-1])
+                    lines[frames[-1]] = list(frames[-1 - STACK_FRAMES:-1])
         extern = isinstance(step, ExternKernel)
         op = f"{step.op.namespace}.{step.op._opname}.{step.op._overloadname}" if extern else ""
-        out.append(KernelOrigin(step.name, "extern" if extern else "fused", op, aten, fx, lines, stacks))
+        out.append(KernelOrigin(step.name, "extern" if extern else "fused", op, aten, list(fx), list(lines),
+                                list(lines.values())))
     return out
