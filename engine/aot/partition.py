@@ -100,7 +100,7 @@ def split(joint: torch.fx.GraphModule, parts: JointParts, saved: list[torch.fx.N
           mutated_primals: frozenset = frozenset()) -> Split:
     stop = set(saved) | set(parts.tangents)
     bw_nodes = ancestors(parts.grad_outputs, stop=stop)
-    leaked = [n for n in bw_nodes if n in parts.primals and n not in stop]
+    leaked = [n for n in parts.primals if n in bw_nodes and n not in stop]
     if leaked:
         raise AssertionError(f"partition leaves primals {[n.name for n in leaked]} unsaved but needed by the backward")
     saved = [n for n in saved if n in bw_nodes]          # a partitioner may over-approximate

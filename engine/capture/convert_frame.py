@@ -472,7 +472,10 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         shapes.insert_runtime_asserts(gm, out.fake_mode.shape_env, compiled_name)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         input_sources = [n.meta["source"] for n in placeholders]
-        real_inputs = [_eval_source(s, frame, out) for s in input_sources]
+        real_by_source = {}
+        for source, real, _vt in out.inputs:          # the first input of each source
+            real_by_source.setdefault(source.name(), real)
+        real_inputs = [real_by_source[s] for s in input_sources]
         # the graph inputs whose metadata the guards pin exactly: the AOT stage neither re-keys
         # them nor the generated code re-checks them (known before the backend compiles)
         exact = {g.source for g in shapes.relax_tensor_match(out.guard_list(), out.inputs)
@@ -560,13 +563,6 @@ def _source_lookup(out):
         return None
     namespace = {"L": values[0], "G": values[1], "sys": sys}
     return lambda source: eval(source, namespace)
-
-
-def _eval_source(src_text, frame, out):
-    for source, real, vt in out.inputs:
-        if source.name() == src_text:
-            return real
-    raise KeyError(src_text)
 
 
 def _collect_tensors(vt, acc, seen, visiting):
