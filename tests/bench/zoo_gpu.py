@@ -217,7 +217,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         row["host_profile"] = host_profile(call, save_as=f"{name}-{row['mode']}-{impl}")
         row["host_ops"] = host_ops(call)
     if MEMORY:
-        row["memory"] = peak_sites(call)
+        row["memory"] = peak_sites(call, top=max(TOP, 12))
         row["warm_memory"] = dict(warm_memory, peak_after_each_gib=warm_peaks)
         row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
     return row
@@ -369,7 +369,7 @@ def main(argv=None):
     ap.add_argument("--host-profile", action="store_true", help="also where each call's host time goes (cProfile)")
     ap.add_argument("--gaps", action="store_true",
                     help="also where the GPU waits on the host in one call (lead-in, idle ms by CPU range)")
-    ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list")
+    ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list; with --memory: how many allocating lines")
     ap.add_argument("--memory", action="store_true",
                     help="also one call's peak after warm-up and the lines whose tensors are alive at it")
     ap.add_argument("--same-process", action="store_true",
