@@ -356,3 +356,23 @@ def test_torch_check_on_a_data_dependent_size_is_checked_in_the_graph():
             raise AssertionError(f"{fn} accepted two positives")
         except RuntimeError:
             pass
+
+
+def causal_lm_labels(logits, labels):
+    # transformers' ForCausalLMLoss: the labels shifted left by padding one -100 at the end
+    labels = torch.nn.functional.pad(labels, (0, 1), value=-100)
+    shift = labels[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), shift.view(-1))
+
+
+def test_ops_cpp_implements_over_concrete_sizes_stay_symbolic():
+    # F.pad's C++ implementation reads the input's sizes as integers; traced as it stands it
+    # pinned the sequence length, and a causal LM recompiled for every new length. With
+    # symbolic sizes the capture takes the op's symbolic decomposition, as torch.compile does.
+    f = engine.compile(causal_lm_labels, backend="inductor")
+    with logs("recompiles", "dynamic") as lines:
+        for n in (5, 7, 11, 7, 3):
+            logits, labels = torch.randn(2, n, 10), torch.randint(0, 10, (2, n))
+            torch.testing.assert_close(f(logits, labels), causal_lm_labels(logits, labels))
+    assert len(entries(causal_lm_labels)) == 2
+    assert not [ln for ln in lines if "Eq(s" in ln and "guard added" in ln], lines

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.fx.experimental.symbolic_shapes import compute_unbacked_bindings
 
@@ -270,8 +271,12 @@ class OutputGraph:
         recorder = _WriteRecorder()
         env = self.fake_mode.shape_env
         assumed = _assumptions(env)
+        # with symbolic sizes, ops that C++ implements by reading concrete sizes (F.pad's
+        # constant_pad_nd) take their symbolic Python decompositions, as under torch.compile:
+        # else `F.pad(labels, (0, 1))` in a causal LM's loss pinned the sequence length
+        symbolic = enable_python_dispatcher() if env is not None and env.var_to_val else _NO_CONTEXT
         try:
-            with self.fake_mode, torch.set_grad_enabled(self.grad_enabled), recorder, \
+            with self.fake_mode, symbolic, torch.set_grad_enabled(self.grad_enabled), recorder, \
                     autocastmod.applied(self.autocast) if self.autocast else _NO_CONTEXT:
                 if kind == "call_method":
                     result = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
