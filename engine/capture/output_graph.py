@@ -274,7 +274,7 @@ class OutputGraph:
         # with symbolic sizes, ops that C++ implements by reading concrete sizes (F.pad's
         # constant_pad_nd) take their symbolic Python decompositions, as under torch.compile:
         # else `F.pad(labels, (0, 1))` in a causal LM's loss pinned the sequence length
-        symbolic = enable_python_dispatcher() if env is not None and env.var_to_val else _NO_CONTEXT
+        symbolic = enable_python_dispatcher() if env is not None and env.var_to_range else _NO_CONTEXT
         try:
             with self.fake_mode, symbolic, torch.set_grad_enabled(self.grad_enabled), recorder, \
                     autocastmod.applied(self.autocast) if self.autocast else _NO_CONTEXT:
