@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.user_frames import UserFrame, frames_of, user_frames
+from engine.user_frames import frames_of, user_frames
 
 from .ir import ExternKernel
 
