@@ -1143,3 +1143,27 @@ def test_a_module_with_its_own_getattr_is_read_through_it(backend):
     same(f(m, x), m(x))
     m.scaled = True
     same(f(m, x), m(x))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_norm_whose_output_is_unused_still_updates_its_running_stats_once_sizes_are_symbolic(backend):
+    """Fuzz 928121. An int argument that changes makes the recompile symbolic, and ops then
+    trace under the Python dispatcher, where batch_norm becomes `_native_batch_norm_legit`:
+    its writes to the running stats bumped no version counter, so the op looked pure, its
+    result was unused, and it was dropped with them; the running stats stayed stale."""
+    torch.manual_seed(0)
+    mine = torch.nn.Sequential(torch.nn.Linear(7, 7), torch.nn.BatchNorm1d(7))
+    theirs = copy.deepcopy(mine)
+
+    def fn(x, n, m):
+        m(x)            # only its effect on the running stats is kept
+        return None
+
+    f = engine.compile(fn, backend=backend)
+    for n in (2, 3, 4):
+        x = torch.randn(10, 7)
+        fn(x, n, theirs)
+        f(x, n, mine)
+        same(mine[1].running_mean, theirs[1].running_mean)
+        same(mine[1].running_var, theirs[1].running_var)
+        assert int(mine[1].num_batches_tracked) == int(theirs[1].num_batches_tracked)

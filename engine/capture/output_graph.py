@@ -4,6 +4,7 @@ sources), the guards, the side effects to replay, and the traced global state.""
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from typing import Any, Optional
 
@@ -70,12 +71,25 @@ class _WriteRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        for i, name in _declared_writes(func):
+            v = args[i] if i < len(args) else kwargs.get(name)
+            if isinstance(v, torch.Tensor):
+                self.written.append(v)
         undeclared = _UNDECLARED_WRITES.get(func._schema.name)
         if undeclared is not None and undeclared[1](args):
             for i in undeclared[0]:
                 if i < len(args) and isinstance(args[i], torch.Tensor):
                     self.written.append(args[i])
         return func(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_writes(func) -> tuple:
+    """(position, name) of each `Tensor(a!)` argument of an aten op. Version counters do
+    not show every such write: `_native_batch_norm_legit`, which batch_norm becomes under the
+    Python dispatcher (symbolic sizes), writes the running stats without bumping them."""
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 def _storage_key(t: torch.Tensor):
