@@ -369,7 +369,8 @@ def main(argv=None):
     ap.add_argument("--host-profile", action="store_true", help="also where each call's host time goes (cProfile)")
     ap.add_argument("--gaps", action="store_true",
                     help="also where the GPU waits on the host in one call (lead-in, idle ms by CPU range)")
-    ap.add_argument("--top", type=int, default=15, help="with --profile: how many kernels to list; with --memory: how many allocating lines")
+    ap.add_argument("--top", type=int, default=15,
+                    help="with --profile: how many kernels to list; with --memory: how many allocating lines")
     ap.add_argument("--memory", action="store_true",
                     help="also one call's peak after warm-up and the lines whose tensors are alive at it")
     ap.add_argument("--same-process", action="store_true",
