@@ -214,3 +214,89 @@ def test_a_module_with_its_own_getattr_is_asked_the_usual_way():
     assert "HASATTR" in ops and "MODULE_HASATTR" not in ops
     m.on = True
     torch.testing.assert_close(f(m, x), x * 2)
+
+
+class Gained(Block):
+    gain = 1                     # a class-level default the forward reads
+
+    def forward(self, x):
+        return super().forward(x) * self.gain
+
+
+class GainedNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Gained() for _ in range(3)])
+
+
+IN_PLACE = {
+    **CHANGES,
+    "a value written through __dict__": lambda m, x: vars(m.blocks[1]).__setitem__("scale", 4.0),
+    "a class-level default changed": lambda m, x: setattr(Gained, "gain", 2),
+    "an instance value over a class default": lambda m, x: setattr(m.blocks[0], "gain", 3),
+    "a property over an instance value": lambda m, x: setattr(Gained, "scale", property(lambda self: 5.0)),
+    "a module's class swapped": lambda m, x: setattr(m.blocks[1], "__class__", Block),
+}
+
+
+@pytest.mark.parametrize("what", list(IN_PLACE))
+def test_a_change_made_in_place_after_passing_checks_fails_them(what):
+    """The checker replays the reads of its last passing run through dicts whose version tags
+    have not changed since; the same model changed in place after two passing calls fails
+    the guards as the Python guards do, and the call gives eager's result."""
+    model, x = GainedNet(), torch.randn(2, 4)
+    f = engine.compile(run, backend="eager")
+    f(model, x)
+    f(model, x)
+    compiled = entries(run)[0].guards
+    L, G = {"m": model, "x": x}, run.__globals__
+    assert compiled.check(L, G) and compiled.check(L, G)
+    saved = dict(vars(Gained))
+    try:
+        IN_PLACE[what](model, x)
+        assert compiled.check(L, G) == python_check(compiled)(L, G)
+        assert compiled.check(L, G) is (what == "nothing"), what
+        torch.testing.assert_close(f(model, x), run(model, x))
+    finally:
+        for name in set(vars(Gained)) - set(saved):
+            delattr(Gained, name)
+        for name, value in saved.items():
+            if vars(Gained).get(name) is not value and not name.startswith("__"):
+                setattr(Gained, name, value)
+
+
+def test_a_second_check_replays_the_reads_of_the_first():
+    """A model's guards read its modules through dicts (`_modules`, `_parameters`, each
+    module's `__dict__`); a check of the unchanged model replays those reads instead of
+    looking each one up (on 3.13 an object's attributes live outside its dict, so only
+    the plain dicts' reads are replayed)."""
+    import sys
+
+    model, x = Net(), torch.randn(2, 4)
+    f = engine.compile(run, backend="eager")
+    f(model, x)
+    compiled = entries(run)[0].guards
+    program = compiled.check.__globals__["___program"]
+    L, G = {"m": model, "x": x}, run.__globals__
+    assert compiled.check(L, G)
+    before = program.counts()
+    assert compiled.check(L, G)
+    replayed, looked_up = (a - b for a, b in zip(program.counts(), before))
+    assert replayed > 0
+    if sys.version_info < (3, 13):
+        assert looked_up == 0
+
+
+def test_models_made_and_dropped_in_turn_are_told_apart():
+    """A model made after another was freed may take its objects' addresses; the replayed
+    reads are keyed by dict version tags, which no two dicts share, so the new model's
+    settings are read, never the old one's."""
+    f = engine.compile(run, backend="eager")
+    x = torch.randn(2, 4)
+    for i in range(24):
+        m = GainedNet()
+        m.blocks[1].scale = (2.0, 3.0)[i % 2]
+        m.blocks[0].opts["act"] = ("relu", "gelu")[i // 2 % 2]
+        torch.testing.assert_close(f(m, x), run(m, x))
+        del m
+    assert len(entries(run)) == 4

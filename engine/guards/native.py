@@ -110,7 +110,49 @@ struct Instr {
   PyObject* b;
   std::vector<int> regs;
   unsigned int tag = 0;       // MODULE_HASATTR: the module class's version tag when compiled (0: none)
+  bool immutable = false;     // EQ: the expected value's type is a builtin immutable one
+  int special = 0;            // ATTR: CLASS_OF (`.__class__`), DICT_OF (`.__dict__`)
+  Py_ssize_t index = -1;      // ITEM: the key when it is an int (a tuple's item)
 };
+enum { CLASS_OF = 1, DICT_OF = 2 };
+
+// What a read (ATTR, ITEM) gave, or that a KEYS test held, in the last run of the program
+// that passed. A dict's version tag changes with every change to it, and no two dicts
+// share one (CPython draws them from one counter): a dict at the same address with the same
+// tag is the same dict, unchanged, so its value for a key is the same object, alive (the
+// dict holds it). Reads through unchanged dicts then skip the lookup, and a test on a value
+// that is the same immutable object it passed on is not repeated: on the next call a
+// model's forward touches its modules' dicts, not their hash tables (guards run right
+// before the first kernel, with the model's objects out of the CPU's caches).
+struct Memo {
+  PyObject* dict = nullptr;       // ITEM, KEYS: the dict; ATTR: the object's __dict__ (borrowed)
+  uint64_t tag = 0;               // its version tag then
+  PyTypeObject* type = nullptr;   // ATTR: the object's type, whose dict the lookup skipped ...
+  unsigned int type_tag = 0;      // ... unchanged while its version tag is
+  PyObject* value = nullptr;      // borrowed: held by `dict` (or by `type`) while the tags are unchanged
+  PyObject* key = nullptr;        // ITEM_REG: the key object (compared by identity, never dereferenced)
+};
+
+#if PY_VERSION_HEX < 0x030E0000
+#define ENGINE_DICT_TAGS 1
+static inline uint64_t dict_tag(PyObject* d) { return reinterpret_cast<PyDictObject*>(d)->ma_version_tag; }
+// 3.13 keeps an object's attributes in the object itself, and a dict made for it reads them
+// there: attribute stores then change no tag. Only dicts with their own table are trusted.
+static inline bool tag_tracks(PyObject* d) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return reinterpret_cast<PyDictObject*>(d)->ma_values == nullptr;
+#else
+  return true;
+#endif
+}
+#else
+#define ENGINE_DICT_TAGS 0    // 3.14 has no version tags: every read looks up
+static inline uint64_t dict_tag(PyObject*) { return 0; }
+static inline bool tag_tracks(PyObject*) { return false; }
+#endif
+
+static PyObject* hash_name = nullptr;     // "__hash__"
+static PyObject* tensor_hash = nullptr;   // torch.Tensor.__hash__ as the checker was loaded (a strong reference)
 
 class GuardProgram {
  public:
@@ -124,27 +166,53 @@ class GuardProgram {
       in.src = t[2].cast<int>();
       in.src2 = t[3].cast<int>();
       in.n = t[4].cast<Py_ssize_t>();
-      refs_.push_back(py::reinterpret_borrow<py::object>(t[5]));
+      PyObject* a = Py_NewRef(t[5].ptr());
+      if (PyUnicode_CheckExact(a)) PyUnicode_InternInPlace(&a);   // names and keys: the caches' fast path
+      refs_.push_back(py::reinterpret_steal<py::object>(a));
       refs_.push_back(py::reinterpret_borrow<py::object>(t[6]));
-      in.a = t[5].ptr();
+      in.a = a;
       in.b = t[6].ptr();
       for (auto r : t[7].cast<py::list>()) in.regs.push_back(r.cast<int>());
       if (in.op == TENSOR) tensors_++;
       if (in.op == MODULE_HASATTR) in.tag = reinterpret_cast<PyTypeObject*>(in.b)->tp_version_tag;
+      if (in.op == ATTR && PyUnicode_Check(in.a))
+        in.special = PyUnicode_CompareWithASCIIString(in.a, "__class__") == 0 ? CLASS_OF
+                   : PyUnicode_CompareWithASCIIString(in.a, "__dict__") == 0 ? DICT_OF : 0;
+      if (in.op == ITEM && PyLong_CheckExact(in.a)) {
+        in.index = PyLong_AsSsize_t(in.a);
+        if (in.index < 0) {
+          PyErr_Clear();
+          in.index = -1;
+        }
+      }
+      if (in.op == EQ) {
+        PyTypeObject* t = Py_TYPE(in.a);
+        in.immutable = t == &PyLong_Type || t == &PyFloat_Type || t == &PyUnicode_Type || t == &PyBool_Type ||
+                       t == &PyBytes_Type || t == &PyComplex_Type;
+      }
       code_.push_back(std::move(in));
     }
     if (tensors_ != specs_.size()) throw std::invalid_argument("one spec per TENSOR instruction");
+    memo_.resize(code_.size());
   }
 
-  bool check(py::object L, py::object G) const {
+  bool check(py::object L, py::object G) {
     std::vector<PyObject*> regs(registers_, nullptr);
+    std::vector<char> same(registers_, 0);
+    std::vector<std::pair<size_t, Memo>> fills;
     std::vector<PyObject*> tensors;
     tensors.reserve(tensors_);
-    bool ok = run(L.ptr(), G.ptr(), regs.data(), tensors) && specs_.check_all(tensors.data(), tensors.size());
+    bool ok = run(L.ptr(), G.ptr(), regs.data(), same.data(), fills, tensors) &&
+              specs_.check_all(tensors.data(), tensors.size());
+    if (ok)           // a run that passed: its reads and tests are what later runs may skip
+      for (auto& f : fills) memo_[f.first] = f.second;
     for (PyObject* r : regs) Py_XDECREF(r);
     if (!ok && PyErr_Occurred()) PyErr_Clear();
     return ok;
   }
+
+  // How many reads the last runs skipped, and how many they made (tests: the memo at work).
+  std::pair<size_t, size_t> counts() const { return {skipped_, looked_up_}; }
 
  private:
   static PyObject* item(PyObject* o, PyObject* key) {      // a new reference, or null
@@ -208,8 +276,60 @@ class GuardProgram {
     return r == 1;
   }
 
-  bool run(PyObject* L, PyObject* G, PyObject** regs, std::vector<PyObject*>& tensors) const {
-    for (const Instr& in : code_) {
+  // Whether t reads attributes as object does (or as nn.Module does: a class __getattr__
+  // only runs for names found nowhere else).
+  static bool reads_as_object(PyTypeObject* t) {
+    static PyObject* getattribute = PyUnicode_InternFromString("__getattribute__");
+    static PyObject* object_getattribute = _PyType_Lookup(&PyBaseObject_Type, getattribute);
+    return t->tp_getattro == PyObject_GenericGetAttr ||
+           ((t->tp_flags & Py_TPFLAGS_HEAPTYPE) && _PyType_Lookup(t, getattribute) == object_getattribute);
+  }
+
+  static PyObject* object_class() {              // object's __class__ descriptor
+    static PyObject* descr = _PyType_Lookup(&PyBaseObject_Type, PyUnicode_InternFromString("__class__"));
+    return descr;
+  }
+
+  // A tensor hashed by torch.Tensor's own __hash__ (its identity), not by one patched in since.
+  static bool identity_hashed(PyObject* k) {
+    return THPVariable_Check(k) && tensor_hash != nullptr && _PyType_Lookup(Py_TYPE(k), hash_name) == tensor_hash;
+  }
+
+  // A key whose hash cannot change while it lives: a str, an int, or an identity-hashed
+  // tensor. The memo skips the hash.
+  static bool stable_hash(PyObject* k) {
+    return PyUnicode_CheckExact(k) || PyLong_CheckExact(k) || identity_hashed(k);
+  }
+
+  // ATTR's read of `name` on `o` as the memo may replay it: t reads attributes as object
+  // does, no data descriptor of that name on t (it would come first), and the value is the
+  // object's own __dict__ entry or, where that has none, t's attribute that is no
+  // descriptor (a class-level default). Both stay while t's and the __dict__'s tags do.
+  void note_attr(size_t i, PyObject* o, PyObject* name, PyObject* v, std::vector<std::pair<size_t, Memo>>& fills) {
+    PyTypeObject* t = Py_TYPE(o);
+    if (!ENGINE_DICT_TAGS || !reads_as_object(t)) return;
+    PyObject* attr = _PyType_Lookup(t, name);
+    if (attr != nullptr && Py_TYPE(attr)->tp_descr_set != nullptr) return;
+    unsigned int type_tag = t->tp_version_tag;
+    PyObject** dp = _PyObject_GetDictPtr(o);
+    if (dp == nullptr || *dp == nullptr || type_tag == 0 || !PyDict_CheckExact(*dp) || !tag_tracks(*dp)) {
+      PyErr_Clear();
+      return;
+    }
+    uint64_t tag = dict_tag(*dp);
+    PyObject* held = PyDict_GetItemWithError(*dp, name);
+    if (held == nullptr && (PyErr_Occurred() || attr == nullptr || Py_TYPE(attr)->tp_descr_get != nullptr)) {
+      PyErr_Clear();
+      return;
+    }
+    if ((held != nullptr ? held : attr) != v || dict_tag(*dp) != tag || t->tp_version_tag != type_tag) return;
+    fills.push_back({i, Memo{*dp, tag, t, type_tag, v, nullptr}});
+  }
+
+  bool run(PyObject* L, PyObject* G, PyObject** regs, char* same, std::vector<std::pair<size_t, Memo>>& fills,
+           std::vector<PyObject*>& tensors) {
+    for (size_t i = 0; i < code_.size(); i++) {
+      const Instr& in = code_[i];
       switch (in.op) {
         case LOCAL:
         case GLOBAL:
@@ -221,16 +341,85 @@ class GuardProgram {
           break;
         }
         case ATTR: {
-          PyObject* v = PyObject_GetAttr(regs[in.src], in.a);
+          PyObject* o = regs[in.src];
+          if (in.special == CLASS_OF && reads_as_object(Py_TYPE(o)) &&
+              _PyType_Lookup(Py_TYPE(o), in.a) == object_class()) {      // o.__class__: its type
+            regs[in.dst] = Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+            break;
+          }
+          if (in.special == DICT_OF && Py_TYPE(o) == &PyModule_Type) {    // a module's __dict__
+            regs[in.dst] = Py_NewRef(PyModule_GetDict(o));
+            same[in.dst] = same[in.src];
+            break;
+          }
+          const Memo& m = memo_[i];
+          if (m.value != nullptr && Py_TYPE(o) == m.type && m.type->tp_version_tag == m.type_tag) {
+            PyObject** dp = _PyObject_GetDictPtr(o);
+            if (dp != nullptr && *dp == m.dict && dict_tag(m.dict) == m.tag && tag_tracks(m.dict)) {
+              regs[in.dst] = Py_NewRef(m.value);
+              same[in.dst] = 1;
+              skipped_++;
+              break;
+            }
+            if (dp == nullptr) PyErr_Clear();
+          }
+          looked_up_++;
+          PyObject* v = PyObject_GetAttr(o, in.a);
           if (v == nullptr) return false;
           regs[in.dst] = v;
+          note_attr(i, o, in.a, v, fills);
           break;
         }
-        case ITEM:
-        case ITEM_REG: {
-          PyObject* v = item(regs[in.src], in.op == ITEM ? in.a : regs[in.src2]);
+        case ITEM: {
+          PyObject* o = regs[in.src];
+          if (in.index >= 0 && PyTuple_CheckExact(o)) {     // a tuple's item: the same while the tuple is
+            if (in.index >= PyTuple_GET_SIZE(o)) return false;
+            regs[in.dst] = Py_NewRef(PyTuple_GET_ITEM(o, in.index));
+            same[in.dst] = same[in.src];
+            break;
+          }
+          const Memo& m = memo_[i];
+          if (o == m.dict && Py_TYPE(o) == &PyDict_Type && dict_tag(o) == m.tag && tag_tracks(o)) {
+            regs[in.dst] = Py_NewRef(m.value);
+            same[in.dst] = 1;
+            skipped_++;
+            break;
+          }
+          looked_up_++;
+          bool tracked = ENGINE_DICT_TAGS && PyDict_CheckExact(o) && tag_tracks(o);
+          uint64_t tag = tracked ? dict_tag(o) : 0;
+          PyObject* v = item(o, in.a);
           if (v == nullptr) return false;
           regs[in.dst] = v;
+          if (tracked && dict_tag(o) == tag) fills.push_back({i, Memo{o, tag, nullptr, 0, v, nullptr}});
+          break;
+        }
+        case ITEM_REG: {                   // d[k], k itself read from the frame (an optimizer's state[p])
+          PyObject* o = regs[in.src];
+          PyObject* k = regs[in.src2];
+          const Memo& m = memo_[i];
+          // k is the key the memo found only if it is the same object: known where k's own read
+          // was replayed, or where k is a tensor, hashed by identity: an unchanged dict that
+          // holds a tensor key at k's address holds that object, alive
+          if (k == m.key && (same[in.src2] || identity_hashed(k)) && o == m.dict && Py_TYPE(o) == m.type &&
+              m.type->tp_version_tag == m.type_tag && dict_tag(o) == m.tag && tag_tracks(o)) {
+            regs[in.dst] = Py_NewRef(m.value);
+            same[in.dst] = 1;
+            skipped_++;
+            break;
+          }
+          looked_up_++;
+          PyTypeObject* t = Py_TYPE(o);
+          bool tracked = ENGINE_DICT_TAGS && PyDict_Check(o) && t->tp_as_mapping != nullptr &&
+                         t->tp_as_mapping->mp_subscript == PyDict_Type.tp_as_mapping->mp_subscript &&
+                         t->tp_version_tag != 0 && tag_tracks(o) && stable_hash(k);
+          uint64_t tag = tracked ? dict_tag(o) : 0;
+          unsigned int type_tag = t->tp_version_tag;
+          PyObject* v = item(o, k);
+          if (v == nullptr) return false;
+          regs[in.dst] = v;
+          if (tracked && dict_tag(o) == tag && t->tp_version_tag == type_tag)
+            fills.push_back({i, Memo{o, tag, t, type_tag, v, k}});
           break;
         }
         case TYPE_IS:
@@ -240,6 +429,7 @@ class GuardProgram {
           if (regs[in.src] != in.a) return false;
           break;
         case EQ: {                       // type(v) is T and v == expected
+          if (same[in.src] && in.immutable) break;   // the immutable object it passed on last time
           PyObject* v = regs[in.src];
           if (reinterpret_cast<PyObject*>(Py_TYPE(v)) != in.b) return false;
           if (PyObject_RichCompareBool(v, in.a, Py_EQ) != 1) return false;
@@ -248,9 +438,16 @@ class GuardProgram {
         case LEN:
           if (PyObject_Length(regs[in.src]) != in.n) return false;
           break;
-        case KEYS:
-          if (!same_keys(regs[in.src], in.a)) return false;
+        case KEYS: {
+          PyObject* o = regs[in.src];
+          const Memo& m = memo_[i];
+          if (o == m.dict && Py_TYPE(o) == &PyDict_Type && dict_tag(o) == m.tag && tag_tracks(o)) break;
+          bool tracked = ENGINE_DICT_TAGS && PyDict_CheckExact(o) && tag_tracks(o);
+          uint64_t tag = tracked ? dict_tag(o) : 0;
+          if (!same_keys(o, in.a)) return false;
+          if (tracked && dict_tag(o) == tag) fills.push_back({i, Memo{o, tag, nullptr, 0, nullptr, nullptr}});
           break;
+        }
         case HASATTR:                    // hasattr(v, name) is bool(n): only AttributeError means absent
           if (hasattr(regs[in.src], in.a) != in.n) return false;
           break;
@@ -286,12 +483,17 @@ class GuardProgram {
   TensorSpecs specs_;
   std::vector<Instr> code_;
   std::vector<py::object> refs_;
+  std::vector<Memo> memo_;                // per instruction: see Memo
+  size_t skipped_ = 0, looked_up_ = 0;
 };
 
 PYBIND11_MODULE(engine_native_guards, m) {
+  hash_name = PyUnicode_InternFromString("__hash__");
+  tensor_hash = Py_XNewRef(_PyType_Lookup(reinterpret_cast<PyTypeObject*>(THPVariableClass), hash_name));
   py::class_<GuardProgram>(m, "GuardProgram")
       .def(py::init<py::list, int, py::list>())
-      .def("__call__", &GuardProgram::check);
+      .def("__call__", &GuardProgram::check)
+      .def("counts", &GuardProgram::counts);
 }
 """.replace("@OPS@", ", ".join(OPS))
 
