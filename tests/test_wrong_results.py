@@ -1167,3 +1167,29 @@ def test_a_batch_norm_whose_output_is_unused_still_updates_its_running_stats_onc
         same(mine[1].running_mean, theirs[1].running_mean)
         same(mine[1].running_var, theirs[1].running_var)
         assert int(mine[1].num_batches_tracked) == int(theirs[1].num_batches_tracked)
+
+
+def _scaled_after_a_break(x):
+    t0 = torch.relu(torch.sin(x)) * 2
+    t0.unsqueeze_(0)
+    t1 = t0[0].lerp_(x, 0.5)         # t1: a view of t0
+    engine.graph_break()
+    t0.mul_(2)                       # a write into t1's base
+    return t1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_view_output_the_compiler_laid_out_its_own_way_stays_a_view_of_its_base(backend):
+    """Fuzz 931083. The graph before the break returns t0 and t1, a view of t0; the kernels
+    gave t0 another stride on its size-1 dim than the trace, so t1 was handed out as the
+    compiled buffer alone: the same memory, but no view of t0 for autograd. The forward
+    value was right; the gradient missed the `mul_` after the break (half of eager's)."""
+    f = engine.compile(_scaled_after_a_break, backend=backend)
+    for shape, grad in (((3, 6, 7), False), ((3, 6, 7), True)):
+        x = torch.randn(shape, requires_grad=grad)
+        got, want = f(x), _scaled_after_a_break(x)
+        same(got, want)
+        if grad:
+            (gx,) = torch.autograd.grad(got.sum(), x)
+            (wx,) = torch.autograd.grad(want.sum(), x)
+            same(gx, wx)

@@ -60,16 +60,29 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
                 if base.requires_grad and not o.requires_grad:
                     base = base.detach()
                 leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
-            else:   # a compiler gave this output its own buffer: the computed value is right
-                out = outs[n + o.fallback_index]
-                if out.requires_grad and not o.requires_grad:
-                    out = out.detach()
-                leaves.append(out)
+                continue
+            out = outs[n + o.fallback_index]
+            if _same_storage(out, base):
+                # The compiler returned the view over the base's memory, laid out its own way
+                # (a size-1 dim's stride): still a view of the base for autograd, as eager's
+                # is, so that a later in-place op on the base reaches its gradient too (fuzz
+                # 931083: `t1 = t0[0].lerp_(x, .5)`, a break, then `t0.mul_(2)`).
+                if base.requires_grad and not o.requires_grad:
+                    base = base.detach()
+                out = base.as_strided(out.shape, out.stride(), out.storage_offset())
+            elif out.requires_grad and not o.requires_grad:   # its own buffer: the value is right
+                out = out.detach()
+            leaves.append(out)
         else:
             leaves.append(o.constant)
     if meta.flat_out_type is not None:
         return meta.flat_out_type(leaves)
     return pytree.tree_unflatten(leaves, meta.out_spec)
+
+
+def _same_storage(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() != 0)
 
 
 DOUBLE_BACKWARD_MESSAGE = (
