@@ -279,8 +279,10 @@ class AOTCompiled:
         writable = caller_writable(chosen.saved, parts.forward_outputs, parts.primals, free)
         backward_for = BackwardsByMissing(chosen.backward, bw_examples, self.config.bw_compiler, compiled_bw,
                                           layout.num_tangents, self.compile_id, writable)
+        plain = tuple(i for i, a in enumerate(flat)
+                      if isinstance(a, torch.Tensor) and not isinstance(a, torch.nn.Parameter))
         return TrainingEntry(compiled_fw, compiled_bw, meta, fw_vals, layout.grad_inputs, layout.num_primals,
-                             backward_for)
+                             backward_for, plain)
 
 
 class _Lazy:
