@@ -54,25 +54,20 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
                 base = base.detach()
             leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
         elif o.kind == "output_alias":
-            base = outs[n + o.index]
-            # Rebuilt only from a base laid out as traced (a compiler may pick other strides).
+            base, out = outs[n + o.index], outs[n + o.fallback_index]
             if (tuple(base.shape), base.stride()) == o.base_layout and base.storage_offset() == 0:
-                if base.requires_grad and not o.requires_grad:
-                    base = base.detach()
-                leaves.append(base.as_strided(o.size, o.stride, o.storage_offset))
-                continue
-            out = outs[n + o.fallback_index]
-            if _same_storage(out, base):
-                # The compiler returned the view over the base's memory, laid out its own way
-                # (a size-1 dim's stride): still a view of the base for autograd, as eager's
-                # is, so that a later in-place op on the base reaches its gradient too (fuzz
-                # 931083: `t1 = t0[0].lerp_(x, .5)`, a break, then `t0.mul_(2)`).
-                if base.requires_grad and not o.requires_grad:
-                    base = base.detach()
-                out = base.as_strided(out.shape, out.stride(), out.storage_offset())
-            elif out.requires_grad and not o.requires_grad:   # its own buffer: the value is right
-                out = out.detach()
-            leaves.append(out)
+                view = (o.size, o.stride, o.storage_offset)       # the base laid out as traced
+            elif _same_storage(out, base):
+                # the compiler laid the base out its own way (a size-1 dim's stride) and
+                # returned the view over its memory: still a view of the base for autograd,
+                # as eager's is, so that a later in-place op on the base reaches its gradient
+                # too (fuzz 931083: `t1 = t0[0].lerp_(x, .5)`, a break, then `t0.mul_(2)`)
+                view = (out.shape, out.stride(), out.storage_offset())
+            else:   # the compiler gave this output its own buffer: the computed value is right
+                view, base = None, out
+            if base.requires_grad and not o.requires_grad:
+                base = base.detach()
+            leaves.append(base if view is None else base.as_strided(*view))
         else:
             leaves.append(o.constant)
     if meta.flat_out_type is not None:

@@ -151,6 +151,14 @@ static inline uint64_t dict_tag(PyObject*) { return 0; }
 static inline bool tag_tracks(PyObject*) { return false; }
 #endif
 
+// Whether d is a dict whose tag says what changed in it (then a memo over it may be filled).
+static inline bool trackable(PyObject* d) { return ENGINE_DICT_TAGS && PyDict_CheckExact(d) && tag_tracks(d); }
+
+// Whether o is the dict m was filled from, unchanged since (compared before dereferenced).
+static inline bool unchanged(PyObject* o, const Memo& m) {
+  return o == m.dict && Py_TYPE(o) == &PyDict_Type && dict_tag(o) == m.tag && tag_tracks(o);
+}
+
 static PyObject* hash_name = nullptr;     // "__hash__"
 static PyObject* tensor_hash = nullptr;   // torch.Tensor.__hash__ as the checker was loaded (a strong reference)
 
@@ -307,12 +315,12 @@ class GuardProgram {
   // descriptor (a class-level default). Both stay while t's and the __dict__'s tags do.
   void note_attr(size_t i, PyObject* o, PyObject* name, PyObject* v, std::vector<std::pair<size_t, Memo>>& fills) {
     PyTypeObject* t = Py_TYPE(o);
-    if (!ENGINE_DICT_TAGS || !reads_as_object(t)) return;
+    if (!reads_as_object(t)) return;
     PyObject* attr = _PyType_Lookup(t, name);
     if (attr != nullptr && Py_TYPE(attr)->tp_descr_set != nullptr) return;
     unsigned int type_tag = t->tp_version_tag;
     PyObject** dp = _PyObject_GetDictPtr(o);
-    if (dp == nullptr || *dp == nullptr || type_tag == 0 || !PyDict_CheckExact(*dp) || !tag_tracks(*dp)) {
+    if (dp == nullptr || *dp == nullptr || type_tag == 0 || !trackable(*dp)) {
       PyErr_Clear();
       return;
     }
@@ -379,14 +387,14 @@ class GuardProgram {
             break;
           }
           const Memo& m = memo_[i];
-          if (o == m.dict && Py_TYPE(o) == &PyDict_Type && dict_tag(o) == m.tag && tag_tracks(o)) {
+          if (unchanged(o, m)) {
             regs[in.dst] = Py_NewRef(m.value);
             same[in.dst] = 1;
             skipped_++;
             break;
           }
           looked_up_++;
-          bool tracked = ENGINE_DICT_TAGS && PyDict_CheckExact(o) && tag_tracks(o);
+          bool tracked = trackable(o);
           uint64_t tag = tracked ? dict_tag(o) : 0;
           PyObject* v = item(o, in.a);
           if (v == nullptr) return false;
@@ -441,8 +449,8 @@ class GuardProgram {
         case KEYS: {
           PyObject* o = regs[in.src];
           const Memo& m = memo_[i];
-          if (o == m.dict && Py_TYPE(o) == &PyDict_Type && dict_tag(o) == m.tag && tag_tracks(o)) break;
-          bool tracked = ENGINE_DICT_TAGS && PyDict_CheckExact(o) && tag_tracks(o);
+          if (unchanged(o, m)) break;
+          bool tracked = trackable(o);
           uint64_t tag = tracked ? dict_tag(o) : 0;
           if (!same_keys(o, in.a)) return false;
           if (tracked && dict_tag(o) == tag) fills.push_back({i, Memo{o, tag, nullptr, 0, nullptr, nullptr}});

@@ -217,7 +217,7 @@ def run_one(name: str, train: bool, impl: str, iters: int) -> dict:
         row["host_profile"] = host_profile(call, save_as=f"{name}-{row['mode']}-{impl}")
         row["host_ops"] = host_ops(call)
     if MEMORY:
-        row["memory"] = peak_sites(call, top=max(TOP, 12))
+        row["memory"] = peak_sites(call, top=TOP)
         row["warm_memory"] = dict(warm_memory, peak_after_each_gib=warm_peaks)
         row["steady_peak_gib"] = row["memory"]["call_peak_gib"]
     return row
