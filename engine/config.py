@@ -62,6 +62,9 @@ native_guards: bool = os.environ.get("ENGINE_NATIVE_GUARDS", "1") != "0"
 # Repeat a CUDA graph's kernel launches and allocate its buffers through C++
 # (engine/codegen/triton/native_launch.py), built like the guard checker; 0: Python.
 native_launch: bool = os.environ.get("ENGINE_NATIVE_LAUNCH", "1") != "0"
+# With native_launch, call cuBLASLt directly for 16-bit CUDA matmuls (mm, addmm with a bias),
+# with torch.mm wherever it cannot; 0: torch.mm always.
+direct_matmul: bool = os.environ.get("ENGINE_DIRECT_MATMUL", "1") != "0"
 native_dir: str = os.environ.get("ENGINE_NATIVE_DIR") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "engine-native")
 # A 16-bit CUDA matmul whose product a graph returns cast to fp32 (autocast's weight

@@ -397,3 +397,27 @@ def test_a_backward_without_some_outputs_gradients_is_compiled_only_where_zeros_
     loss, logits, root = compiled(x, labels)
     (loss + root.sum()).backward()         # no gradient for the logits alone: only added, exact
     assert len(compiled_bw) == 3
+
+
+def test_the_inputs_placement_is_the_same_from_cpp_as_from_python(monkeypatch):
+    # a graph that writes its inputs is keyed on where they lie on every call (storage
+    # offsets, which inputs share memory); the C++ path of the common case (each input on a
+    # storage of its own: an optimizer step's hundreds) gives what the Python path gives, and
+    # leaves every other case to it
+    from engine.aot import inputs
+    from engine.guards import native
+    assert native.wait(600), native.build_error()
+    base, p = torch.randn(20), torch.nn.Parameter(torch.randn(4, 3))
+    cases = [
+        [torch.randn(3) for _ in range(600)] + [p],      # every input on its own storage
+        [base[2:], torch.randn(3), p.t()],               # storage offsets, a view of a parameter
+        [base[2:], base[:3], torch.randn(2)],            # two views of one storage
+        [torch.randn(3), 1.5, None],                     # not all tensors
+        [torch.empty(0), torch.empty(0)],                # empty storages (address 0)
+        [p, p],                                          # one tensor twice
+    ]
+    from_cpp = [inputs.placement_key(c) for c in cases]
+    assert [native.placement(c) is not None for c in cases] == [True, True, False, False, False, False]
+    monkeypatch.setattr(inputs, "native_placement", lambda args: None)
+    assert from_cpp == [inputs.placement_key(c) for c in cases]
+    assert from_cpp[2][1] == (0, 0, 2) and from_cpp[1][0] == (2, 0, 0)

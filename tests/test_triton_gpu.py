@@ -520,6 +520,99 @@ def test_launches_and_allocations_repeat_through_cpp_once_it_is_built():
     assert sum(la.direct.hits for la in new) == hits + len(new)
 
 
+class _Mlp(torch.nn.Module):
+    # a bias-free projection (mm), two Linear layers with bias (addmm) and GELU between them
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(96, 128, bias=False)
+        self.up, self.down = torch.nn.Linear(128, 256), torch.nn.Linear(256, 96)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(self.proj(x)))) + x
+
+
+def _gemms(mod):
+    return {k: v for k, v in vars(mod).items() if k.startswith("_gemm_")}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_matmuls_go_to_cublaslt_directly_with_torch_mms_results(dtype):
+    # the wrapper's 16-bit matmuls (mm, addmm with its bias, the training step's weight
+    # gradients computed in fp32 under autocast) are native_launch Gemm objects once it is
+    # built: planned on their first call, they give what torch.mm gives, forward and backward
+    from engine.codegen.triton import native_launch
+    assert native_launch.wait(600), native_launch.build_error()
+    seen = {id(m) for m in _wrapper_modules()}
+    torch.manual_seed(0)
+    model = _Mlp().to(DEV)
+    x = torch.randn(4, 64, 96, device=DEV)
+
+    def step(m, x):
+        with torch.autocast(DEV, dtype=dtype):
+            out = m(x)
+        out.float().pow(2).mean().backward()
+        return out
+
+    ref = _Mlp().to(DEV)
+    ref.load_state_dict(model.state_dict())
+    fn = engine.compile(step)
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        assert_close(fn(model, x), step(ref, x), 2e-2)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert_close(p.grad, q.grad, 2e-2)
+    gemms = {k: v for m in _wrapper_modules() if id(m) not in seen for k, v in _gemms(m).items()}
+    assert gemms and {type(g).__name__ for g in gemms.values()} == {"Gemm"}, gemms
+    assert {g.state for g in gemms.values()} == {1}, {k: g.state for k, g in gemms.items()}
+    # forward: proj (mm), up and down (addmm); backward: their input and weight gradients
+    assert len(gemms) >= 7, sorted(gemms)
+
+
+def test_matmuls_take_torch_mm_where_cublas_settings_are_not_the_default():
+    # reduced-precision reductions turned off: the direct call (which allows them, as the
+    # default does) steps aside for torch.mm, which honours the setting
+    from engine.codegen.triton import native_launch
+    from engine.codegen.triton.launcher import gemm_stream
+    assert native_launch.wait(600), native_launch.build_error()
+    matmul = torch.backends.cuda.matmul
+    fn = engine.compile(lambda a, b: torch.mm(a, b).relu())
+    a, b = torch.randn(64, 96, device=DEV, dtype=torch.bfloat16), torch.randn(96, 32, device=DEV, dtype=torch.bfloat16)
+    assert_close(fn(a, b), torch.mm(a, b).relu(), 1e-2)
+    assert gemm_stream(0) == 0
+    try:
+        matmul.allow_bf16_reduced_precision_reduction = False
+        assert gemm_stream(0) is None
+        assert torch.equal(fn(a, b), torch.mm(a, b).relu())
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = True
+
+
+def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_capture():
+    # a Gemm is planned for its first call's layout: another layout, dtype, a missing stream or
+    # a stream being captured into a CUDA graph get None (the wrapper then calls torch.mm)
+    from engine.codegen.triton import native_launch
+    from engine.codegen.triton.launcher import launch_stream
+    assert native_launch.wait(600), native_launch.build_error()
+    g = native_launch.gemm(False)
+    a, b = torch.randn(64, 48, device=DEV, dtype=torch.half), torch.randn(48, 80, device=DEV, dtype=torch.half)
+    s = launch_stream(torch.cuda.current_device())
+    assert torch.equal(g(s, a, b), torch.mm(a, b)) and g.state == 1
+    assert torch.equal(g(s, a.clone(), b), torch.mm(a, b))
+    assert g(s, a[:32], b) is None and g(s, a.t().contiguous().t(), b) is None
+    assert g(s, a.float(), b.float()) is None and g(None, a, b) is None
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph, stream=side):
+            captured = g(launch_stream(torch.cuda.current_device()), a, b)
+    assert captured is None
+    bias = native_launch.gemm(True)
+    c = torch.randn(80, device=DEV, dtype=torch.half)
+    assert torch.equal(bias(s, a, b, c), torch.addmm(c, a, b))
+    fp32 = native_launch.gemm(False)
+    assert fp32(s, a.float(), b.float()) is None and fp32.state == -1   # not 16-bit: torch.mm, always
+
+
 def test_a_wrapper_loaded_before_the_cpp_launcher_was_built_switches_to_it(monkeypatch):
     from engine.codegen.triton import native_launch
     assert native_launch.wait(600), native_launch.build_error()

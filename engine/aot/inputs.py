@@ -5,12 +5,15 @@ fresh FakeTensors built from those descriptions."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor
+
+from ..guards.native import placement as native_placement
 
 
 @dataclasses.dataclass
@@ -132,6 +135,11 @@ def call_key(args: list[Any]) -> tuple:
 
 
 _OFFSET, _DATA_PTR, _ITEMSIZE = torch.Tensor.storage_offset, torch.Tensor.data_ptr, torch.Tensor.element_size
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(n: int) -> tuple:
+    return tuple(range(n))
 _PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
@@ -139,9 +147,11 @@ def placement_key(args: list[Any]) -> tuple:
     """Where the inputs' memory lies, all a graph that writes an input or returns a view of
     one depends on once their specs are known (guarded): (each input's storage offset, the
     index of the first input sharing its storage), the same grouping as call_key's."""
+    offsets = native_placement(args)     # the common case in C++ (an optimizer step's 600 inputs)
+    if offsets is not None:
+        return offsets, _identity(len(args))
     if set(map(type, args)) <= _PLAIN_TENSORS:
-        # the common case, in C-level maps (an optimizer step's 600 inputs: 1.8 -> 0.3 ms):
-        # every input on its own storage
+        # the common case, in C-level maps (600 inputs: 1.8 -> 0.3 ms): every input on its own storage
         offsets = tuple(map(_OFFSET, args))
         ptrs = list(map(_DATA_PTR, args))
         if 0 not in ptrs and len(set(map(operator.sub, ptrs, map(operator.mul, offsets, map(_ITEMSIZE, args))))) \

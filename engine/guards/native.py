@@ -12,7 +12,11 @@ TensorImpl: tens of nanoseconds a guard.
 The extension is built once per machine, Python and torch (the system C++ compiler against
 torch's headers, about 10-25 s) on a background thread, into `engine.config.native_dir`.
 Until it is ready (or where it cannot be built) the guards stay Python, with the same
-meaning; guards compiled before it was ready switch to it when it is."""
+meaning; guards compiled before it was ready switch to it when it is.
+
+It also computes the placement of a graph's inputs (`placement`): the storage offsets of
+~600 optimizer-step inputs that share no storage, checked on every call of a graph that
+writes its inputs (0.2-0.35 ms of Python a step on the H200 machines)."""
 
 from __future__ import annotations
 
@@ -495,7 +499,39 @@ class GuardProgram {
   size_t skipped_ = 0, looked_up_ = 0;
 };
 
+// placement(tensors) -> the storage offsets, where every tensor is a plain Tensor or Parameter on a
+// storage of its own (not empty), else None. The common case of aot/inputs.py's placement_key: an
+// optimizer step's ~600 inputs, on every call of a graph that writes its inputs.
+static py::object placement(py::list args) {
+  Py_ssize_t n = PyList_GET_SIZE(args.ptr());
+  std::vector<std::pair<c10::Device, const void*>> storages;
+  storages.reserve(n);
+  py::tuple offsets(n);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* o = PyList_GET_ITEM(args.ptr(), i);
+    if (!THPVariable_CheckExact(o)) return py::none();
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (!t.has_storage()) return py::none();
+    const void* base = t.storage().data();
+    if (base == nullptr) return py::none();
+    storages.emplace_back(t.device(), base);
+    PyObject* off = PyLong_FromLongLong(t.storage_offset());
+    if (off == nullptr) throw py::error_already_set();
+    PyTuple_SET_ITEM(offsets.ptr(), i, off);
+  }
+  auto before = [](const std::pair<c10::Device, const void*>& x, const std::pair<c10::Device, const void*>& y) {
+    if (x.first.type() != y.first.type()) return x.first.type() < y.first.type();
+    if (x.first.index() != y.first.index()) return x.first.index() < y.first.index();
+    return x.second < y.second;
+  };
+  std::sort(storages.begin(), storages.end(), before);
+  for (size_t i = 1; i < storages.size(); i++)
+    if (storages[i] == storages[i - 1]) return py::none();
+  return offsets;
+}
+
 PYBIND11_MODULE(engine_native_guards, m) {
+  m.def("placement", &placement);
   hash_name = PyUnicode_InternFromString("__hash__");
   tensor_hash = Py_XNewRef(_PyType_Lookup(reinterpret_cast<PyTypeObject*>(THPVariableClass), hash_name));
   py::class_<GuardProgram>(m, "GuardProgram")
@@ -543,6 +579,13 @@ def wait(timeout: Optional[float] = None) -> bool:
 def build_error() -> Optional[str]:
     """Why the checker did not build (its first line), or None."""
     return _BUILD.failed
+
+
+def placement(args: list):
+    """The inputs' storage offsets where each is a plain tensor on a storage of its own, else
+    None (and None while the extension is not built): aot/inputs.py's placement_key in C++."""
+    mod = _BUILD.module
+    return mod.placement(args) if mod is not None and _BUILD.enabled() else None
 
 
 def spec_of(m) -> tuple:

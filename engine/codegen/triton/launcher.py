@@ -310,6 +310,22 @@ def launch_stream(device):
     return get_stream(device)
 
 
+def gemm_stream(stream):
+    """The stream a wrapper's matmuls go to through cuBLASLt directly this call (native_launch's
+    Gemm): the launch stream, where torch's cuBLAS settings are the defaults the direct call
+    assumes (reduced-precision reductions allowed, fp32 accumulation), else None (torch.mm)."""
+    if stream is None:
+        return None
+    import torch
+    m = torch.backends.cuda.matmul
+    if not (m.allow_bf16_reduced_precision_reduction and m.allow_fp16_reduced_precision_reduction
+            and getattr(m, "allow_bf16_reduced_precision_reduction_split_k", True)
+            and getattr(m, "allow_fp16_reduced_precision_reduction_split_k", True)) \
+            or getattr(m, "allow_fp16_accumulation", False):
+        return None
+    return stream
+
+
 def _split_repeater(workspace, stream, partials, combine):
     """A split reduction's two launches repeated with the first call's workspace kept: the
     next call's partials overwrite it only after this call's combine has read it, on the

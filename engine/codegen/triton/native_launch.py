@@ -12,7 +12,16 @@ calls at::empty_strided with sizes, strides and options unpacked once.
 Built like the C++ guard checker (engine/native_build.py: once per machine, on a
 background thread, started by the first CUDA graph compiled); until it is ready, or where
 it cannot be built, the same work runs as Python, and wrappers loaded before it was ready
-switch to it (`when_ready`)."""
+switch to it (`when_ready`).
+
+`Gemm(bias, out_dtype)(stream, a, b[, bias])` is a matmul of 16-bit matrices through
+cuBLASLt directly: the descriptors and the algorithm are chosen at its first call, as
+cuBLAS's heuristic picks them for torch.mm, and kept. torch.mm costs 15-18 us of host time
+a call on the H200 machines (argument parsing, dispatch, the cuBLAS handle and workspace
+look-ups, cuBLAS's own heuristic), and a GPT-2 training step makes 147. It returns None
+wherever torch.mm's path must run instead (another layout, dtype or alignment than its
+first call's, a stream being captured, cuBLAS settings off their defaults, no cuBLASLt in
+the process): the wrapper then calls torch.mm."""
 
 from __future__ import annotations
 
@@ -26,6 +35,8 @@ _SOURCE = r"""
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <algorithm>
 #include <dlfcn.h>
 #include <memory>
 #include <vector>
@@ -202,7 +213,271 @@ static void alloc_dealloc(PyObject *self) {
   Py_TYPE(self)->tp_free(self);
 }
 
+// ---- Gemm: a matmul through cuBLASLt, planned at its first call -------------------------
+// cuBLASLt is not linked: torch has loaded it, and its entry points are looked up by name, as are
+// torch's own cuBLASLt handle and workspace (the ones torch.mm uses on the current stream).
+typedef int (*lt_desc_create_t)(void **, int, int);
+typedef int (*lt_set_t)(void *, int, const void *, size_t);
+typedef int (*lt_layout_create_t)(void **, int, uint64_t, uint64_t, int64_t);
+typedef int (*lt_create_t)(void **);
+typedef int (*lt_destroy_t)(void *);
+struct LtHeuristic { uint64_t algo[8]; size_t workspace; int state; float waves; int reserved[4]; };
+typedef int (*lt_heuristic_t)(void *, void *, void *, void *, void *, void *, void *, int, LtHeuristic *, int *);
+typedef int (*lt_matmul_t)(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
+                           const void *, void *, void *, void *, const void *, void *, size_t, void *);
+typedef int (*stream_capturing_t)(void *, int *);
+
+// cublasLt.h's values (stable since CUDA 11)
+enum { LT_COMPUTE_32F = 68, LT_R_32F = 0, LT_R_16F = 2, LT_R_16BF = 14, LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4,
+       LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8, LT_EPILOGUE_BIAS = 4, LT_PREF_MAX_WORKSPACE = 1,
+       LT_PREF_ALIGN_A = 5, LT_PREF_ALIGN_B = 6, LT_PREF_ALIGN_C = 7, LT_PREF_ALIGN_D = 8 };
+
+static struct {
+  bool tried = false, ok = false;
+  lt_desc_create_t desc_create;
+  lt_set_t desc_set, pref_set;
+  lt_layout_create_t layout_create;
+  lt_create_t pref_create;
+  lt_destroy_t desc_destroy, layout_destroy, pref_destroy;
+  lt_heuristic_t heuristic;
+  lt_matmul_t matmul;
+  void *(*handle)();
+  void *(*workspace)();
+  size_t (*workspace_size)();
+  stream_capturing_t capturing;
+} lt;
+
+static void *loaded(const char *const *names) {
+  for (const char *const *n = names; *n != nullptr; n++) {
+    void *lib = dlopen(*n, RTLD_NOW | RTLD_NOLOAD);
+    if (lib != nullptr) return lib;
+  }
+  return nullptr;
+}
+
+static bool lt_load() {
+  if (lt.tried) return lt.ok;
+  lt.tried = true;
+  static const char *const cublaslt[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11",
+                                         "libcublasLt.so", nullptr};
+  static const char *const torch_cuda[] = {"libtorch_cuda.so", nullptr};
+  static const char *const cuda[] = {"libcuda.so.1", nullptr};
+  void *l = loaded(cublaslt), *t = loaded(torch_cuda), *c = loaded(cuda);
+  if (l == nullptr || t == nullptr || c == nullptr) return false;
+  lt.desc_create = (lt_desc_create_t)dlsym(l, "cublasLtMatmulDescCreate");
+  lt.desc_set = (lt_set_t)dlsym(l, "cublasLtMatmulDescSetAttribute");
+  lt.pref_set = (lt_set_t)dlsym(l, "cublasLtMatmulPreferenceSetAttribute");
+  lt.layout_create = (lt_layout_create_t)dlsym(l, "cublasLtMatrixLayoutCreate");
+  lt.pref_create = (lt_create_t)dlsym(l, "cublasLtMatmulPreferenceCreate");
+  lt.desc_destroy = (lt_destroy_t)dlsym(l, "cublasLtMatmulDescDestroy");
+  lt.layout_destroy = (lt_destroy_t)dlsym(l, "cublasLtMatrixLayoutDestroy");
+  lt.pref_destroy = (lt_destroy_t)dlsym(l, "cublasLtMatmulPreferenceDestroy");
+  lt.heuristic = (lt_heuristic_t)dlsym(l, "cublasLtMatmulAlgoGetHeuristic");
+  lt.matmul = (lt_matmul_t)dlsym(l, "cublasLtMatmul");
+  // at::cuda::getCurrentCUDABlasLtHandle(), getCUDABlasLtWorkspace(), getCUDABlasLtWorkspaceSize()
+  lt.handle = (void *(*)())dlsym(t, "_ZN2at4cuda26getCurrentCUDABlasLtHandleEv");
+  lt.workspace = (void *(*)())dlsym(t, "_ZN2at4cuda22getCUDABlasLtWorkspaceEv");
+  lt.workspace_size = (size_t(*)())dlsym(t, "_ZN2at4cuda26getCUDABlasLtWorkspaceSizeEv");
+  lt.capturing = (stream_capturing_t)dlsym(c, "cuStreamIsCapturing");
+  lt.ok = lt.desc_create && lt.desc_set && lt.pref_set && lt.layout_create && lt.pref_create && lt.desc_destroy &&
+          lt.layout_destroy && lt.pref_destroy && lt.heuristic && lt.matmul && lt.handle && lt.workspace &&
+          lt.workspace_size && lt.capturing;
+  return lt.ok;
+}
+
+struct GemmPlan {
+  int state = 0;                // 0: first call to come, 1: planned, -1: torch.mm's path always
+  bool bias;
+  at::ScalarType out_dtype;     // as asked: Undefined for the inputs' dtype
+  at::ScalarType dtype, out;    // the inputs' and the result's
+  at::Device device = at::Device(at::kCPU);
+  int64_t m, n, k, sa0, sa1, sb0, sb1;
+  uint64_t align_a, align_b, align_bias;
+  void *desc = nullptr, *la = nullptr, *lb = nullptr, *ld = nullptr;
+  LtHeuristic chosen;
+  at::TensorOptions options;
+  ~GemmPlan() {
+    if (desc) lt.desc_destroy(desc);
+    for (void *l : {la, lb, ld})
+      if (l) lt.layout_destroy(l);
+  }
+};
+
+typedef struct {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  GemmPlan *plan;
+} Gemm;
+
+static uint64_t alignment(const void *p) {
+  uint64_t a = 256;
+  while (a > 2 && ((uint64_t)p % a)) a >>= 1;
+  return a;
+}
+
+static int lt_type(at::ScalarType t) {
+  return t == at::kBFloat16 ? LT_R_16BF : t == at::kHalf ? LT_R_16F : t == at::kFloat ? LT_R_32F : -1;
+}
+
+// One row-major operand as cuBLAS's column-major one: (rows, cols, ld, transposed), false if
+// neither of its dims is dense.
+static bool as_column_major(int64_t r, int64_t c, int64_t s0, int64_t s1, int64_t *rows, int64_t *cols,
+                            int64_t *ld, int *trans) {
+  if (s1 == 1 && s0 >= std::max<int64_t>(1, c)) {
+    *rows = c; *cols = r; *ld = s0; *trans = 0;
+    return true;
+  }
+  if (s0 == 1 && s1 >= std::max<int64_t>(1, r)) {
+    *rows = r; *cols = c; *ld = s1; *trans = 1;
+    return true;
+  }
+  return false;
+}
+
+// a (m x k) @ b (k x n) [+ bias (n)] as cuBLAS computes it column-major: D^T (n x m) = b^T a^T
+static bool gemm_plan(GemmPlan &p, const at::Tensor &a, const at::Tensor &b, const at::Tensor *bias) {
+  if (!lt_load() || a.dim() != 2 || b.dim() != 2 || !a.is_cuda() || b.device() != a.device()) return false;
+  p.dtype = a.scalar_type();
+  if ((p.dtype != at::kBFloat16 && p.dtype != at::kHalf) || b.scalar_type() != p.dtype || a.is_neg() || b.is_neg())
+    return false;
+  at::ScalarType out = p.out = p.out_dtype == at::ScalarType::Undefined ? p.dtype : p.out_dtype;
+  p.device = a.device();
+  p.m = a.size(0); p.k = a.size(1); p.n = b.size(1);
+  if (b.size(0) != p.k || p.m == 0 || p.n == 0 || p.k == 0) return false;
+  p.sa0 = a.stride(0); p.sa1 = a.stride(1); p.sb0 = b.stride(0); p.sb1 = b.stride(1);
+  if (bias != nullptr && (bias->dim() != 1 || bias->size(0) != p.n || bias->stride(0) != 1 ||
+                          bias->scalar_type() != out || bias->device() != a.device()))
+    return false;
+  int64_t ar, ac, ald, br, bc, bld;
+  int ta, tb;
+  if (!as_column_major(p.m, p.k, p.sa0, p.sa1, &ar, &ac, &ald, &ta) ||
+      !as_column_major(p.k, p.n, p.sb0, p.sb1, &br, &bc, &bld, &tb))
+    return false;
+  p.align_a = alignment(a.const_data_ptr());
+  p.align_b = alignment(b.const_data_ptr());
+  p.align_bias = bias != nullptr ? alignment(bias->const_data_ptr()) : 1;
+  uint32_t align_d = 256;       // a fresh tensor from the caching allocator
+  if (lt.desc_create(&p.desc, LT_COMPUTE_32F, LT_R_32F) != 0) return false;
+  int32_t op_b = tb, op_a = ta;     // cuBLAS's A is b, its B is a
+  lt.desc_set(p.desc, LT_DESC_TRANSA, &op_b, sizeof(op_b));
+  lt.desc_set(p.desc, LT_DESC_TRANSB, &op_a, sizeof(op_a));
+  if (bias != nullptr) {
+    int32_t epilogue = LT_EPILOGUE_BIAS;
+    const void *ptr = bias->const_data_ptr();
+    lt.desc_set(p.desc, LT_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+    lt.desc_set(p.desc, LT_DESC_BIAS_POINTER, &ptr, sizeof(ptr));
+  }
+  if (lt.layout_create(&p.lb, lt_type(p.dtype), br, bc, bld) != 0 ||
+      lt.layout_create(&p.la, lt_type(p.dtype), ar, ac, ald) != 0 ||
+      lt.layout_create(&p.ld, lt_type(out), p.n, p.m, p.n) != 0)
+    return false;
+  void *pref = nullptr;
+  if (lt.pref_create(&pref) != 0) return false;
+  uint64_t workspace = lt.workspace_size();
+  uint32_t aa = p.align_a, ab = p.align_b;
+  lt.pref_set(pref, LT_PREF_MAX_WORKSPACE, &workspace, sizeof(workspace));
+  lt.pref_set(pref, LT_PREF_ALIGN_A, &ab, sizeof(ab));
+  lt.pref_set(pref, LT_PREF_ALIGN_B, &aa, sizeof(aa));
+  lt.pref_set(pref, LT_PREF_ALIGN_C, &align_d, sizeof(align_d));
+  lt.pref_set(pref, LT_PREF_ALIGN_D, &align_d, sizeof(align_d));
+  int found = 0;
+  int code = lt.heuristic(lt.handle(), p.desc, p.lb, p.la, p.ld, p.ld, pref, 1, &p.chosen, &found);
+  lt.pref_destroy(pref);
+  if (code != 0 || found < 1 || p.chosen.state != 0) return false;
+  p.options = at::TensorOptions().dtype(out).device(p.device);
+  return true;
+}
+
+static bool gemm_fits(const GemmPlan &p, const at::Tensor &a, const at::Tensor &b, const at::Tensor *bias) {
+  if (a.scalar_type() != p.dtype || b.scalar_type() != p.dtype || a.device() != p.device || b.device() != p.device ||
+      a.dim() != 2 || b.dim() != 2 || a.is_neg() || b.is_neg())
+    return false;
+  if (a.size(0) != p.m || a.size(1) != p.k || b.size(0) != p.k || b.size(1) != p.n || a.stride(0) != p.sa0 ||
+      a.stride(1) != p.sa1 || b.stride(0) != p.sb0 || b.stride(1) != p.sb1)
+    return false;
+  if ((uint64_t)a.const_data_ptr() % p.align_a || (uint64_t)b.const_data_ptr() % p.align_b) return false;
+  if (bias != nullptr && (bias->dim() != 1 || bias->size(0) != p.n || bias->stride(0) != 1 ||
+                          bias->scalar_type() != p.out || bias->device() != p.device ||
+                          (uint64_t)bias->const_data_ptr() % p.align_bias))
+    return false;
+  if (c10::GradMode::is_enabled() &&
+      (a.requires_grad() || b.requires_grad() || (bias != nullptr && bias->requires_grad())))
+    return false;
+  return true;
+}
+
+static PyObject *gemm_call(PyObject *self_, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+  GemmPlan &p = *((Gemm *)self_)->plan;
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (kwnames != nullptr || n != (p.bias ? 4 : 3)) {
+    PyErr_SetString(PyExc_TypeError, "Gemm(stream, a, b[, bias]): another number of arguments than it was made for");
+    return nullptr;
+  }
+  if (argv[0] == Py_None || p.state < 0) Py_RETURN_NONE;
+  for (Py_ssize_t i = 1; i < n; i++)
+    if (!THPVariable_Check(argv[i])) Py_RETURN_NONE;
+  void *stream = PyLong_AsVoidPtr(argv[0]);
+  if (stream == nullptr && PyErr_Occurred()) return nullptr;
+  try {
+    const at::Tensor &a = THPVariable_Unpack(argv[1]);
+    const at::Tensor &b = THPVariable_Unpack(argv[2]);
+    const at::Tensor *bias = p.bias ? &THPVariable_Unpack(argv[3]) : nullptr;
+    if (p.state == 0) p.state = gemm_plan(p, a, b, bias) ? 1 : -1;
+    if (p.state < 0 || !gemm_fits(p, a, b, bias)) Py_RETURN_NONE;
+    int capture = 0;      // under CUDA graph capture torch.mm's path, with its workspace rules, runs
+    if (lt.capturing(stream, &capture) != 0 || capture != 0) Py_RETURN_NONE;
+    void *workspace = lt.workspace();
+    size_t workspace_size = lt.workspace_size();
+    if (p.chosen.workspace > workspace_size) Py_RETURN_NONE;
+    at::Tensor d = at::empty({p.m, p.n}, p.options);
+    if (bias != nullptr) {
+      const void *ptr = bias->const_data_ptr();
+      lt.desc_set(p.desc, LT_DESC_BIAS_POINTER, &ptr, sizeof(ptr));
+    }
+    float alpha = 1.0f, beta = 0.0f;
+    void *out = d.data_ptr();
+    int code = lt.matmul(lt.handle(), p.desc, &alpha, b.const_data_ptr(), p.lb, a.const_data_ptr(), p.la, &beta, out,
+                         p.ld, out, p.ld, p.chosen.algo, workspace, workspace_size, stream);
+    if (code != 0) {      // refused before launching anything: torch.mm's path, from now on
+      p.state = -1;
+      Py_RETURN_NONE;
+    }
+    return THPVariable_Wrap(std::move(d));
+  } catch (const c10::Error &e) {
+    Py_RETURN_NONE;
+  }
+}
+
+// Gemm(bias, out_dtype or None)
+static PyObject *gemm_new(PyTypeObject *type, PyObject *a, PyObject *kw) {
+  int bias;
+  PyObject *out_dtype;
+  if (!PyArg_ParseTuple(a, "pO", &bias, &out_dtype)) return nullptr;
+  if (out_dtype != Py_None && !THPDtype_Check(out_dtype)) {
+    PyErr_SetString(PyExc_TypeError, "out_dtype is a torch.dtype or None");
+    return nullptr;
+  }
+  auto plan = std::make_unique<GemmPlan>();
+  plan->bias = bias;
+  plan->out_dtype = out_dtype == Py_None ? at::ScalarType::Undefined : ((THPDtype *)out_dtype)->scalar_type;
+  Gemm *self = (Gemm *)type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  self->vectorcall = gemm_call;
+  self->plan = plan.release();
+  return (PyObject *)self;
+}
+
+static void gemm_dealloc(PyObject *self) {
+  delete ((Gemm *)self)->plan;
+  Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *gemm_state(PyObject *self, void *) { return PyLong_FromLong(((Gemm *)self)->plan->state); }
+static PyGetSetDef gemm_getset[] = {{"state", gemm_state, nullptr, "0: not called yet, 1: planned, -1: torch.mm's path", nullptr},
+                                    {nullptr}};
+
 static PyTypeObject LaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+static PyTypeObject GemmType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 static PyTypeObject AllocType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "engine_native_launch", nullptr, -1, nullptr};
 
@@ -230,12 +505,18 @@ PyMODINIT_FUNC PyInit_engine_native_launch(void) {
       !callable_type(AllocType, "engine_native_launch.Alloc", sizeof(Alloc), offsetof(Alloc, vectorcall), alloc_new,
                      alloc_dealloc))
     return nullptr;
+  GemmType.tp_getset = gemm_getset;
+  if (!callable_type(GemmType, "engine_native_launch.Gemm", sizeof(Gemm), offsetof(Gemm, vectorcall), gemm_new,
+                     gemm_dealloc))
+    return nullptr;
   PyObject *m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&LaunchType);
   PyModule_AddObject(m, "Launch", (PyObject *)&LaunchType);
   Py_INCREF(&AllocType);
   PyModule_AddObject(m, "Alloc", (PyObject *)&AllocType);
+  Py_INCREF(&GemmType);
+  PyModule_AddObject(m, "Gemm", (PyObject *)&GemmType);
   PyModule_AddObject(m, "has_libcuda", PyBool_FromLong(cu_launch != nullptr));
   return m;
 }
@@ -251,6 +532,8 @@ def _upgrade(wrapper_module) -> None:
     for name, value in list(ns.items()):
         if isinstance(value, functools.partial) and name.startswith("_alloc_"):
             ns[name] = allocator(*value.args, **value.keywords)
+        elif isinstance(value, NoGemm):
+            ns[name] = gemm(value.bias, value.out_dtype)
         elif isinstance(value, Launcher):
             value.forget_plans()
 
@@ -295,3 +578,21 @@ def allocator(sizes: tuple, strides: tuple, dtype, device):
     if mod is not None:
         return mod.Alloc(sizes, strides, dtype, device)
     return functools.partial(torch.empty_strided, sizes, strides, dtype=dtype, device=device)
+
+
+class NoGemm:
+    """Gemm's stand-in until the extension is built (or where it is not): every call takes
+    torch.mm's path."""
+
+    def __init__(self, bias: bool, out_dtype=None):
+        self.bias, self.out_dtype = bias, out_dtype
+
+    def __call__(self, *args):
+        return None
+
+
+def gemm(bias: bool, out_dtype=None):
+    """f(stream, a, b[, bias]) -> a @ b (+ bias) through cuBLASLt directly, or None where
+    torch.mm / torch.addmm must run (see Gemm above): the C++ Gemm where built."""
+    mod = module()
+    return mod.Gemm(bias, out_dtype) if mod is not None else NoGemm(bias, out_dtype)
