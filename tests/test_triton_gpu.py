@@ -588,9 +588,9 @@ def test_matmuls_take_torch_mm_where_cublas_settings_are_not_the_default():
         matmul.allow_bf16_reduced_precision_reduction = True
 
 
-def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_capture():
-    # a Gemm is planned for its first call's layout: another layout, dtype, a missing stream or
-    # a stream being captured into a CUDA graph get None (the wrapper then calls torch.mm)
+def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_replays_in_a_cuda_graph():
+    # a Gemm is planned for its first call's layout: another layout, dtype or a missing stream
+    # get None (the wrapper then calls torch.mm); captured into a CUDA graph, it replays
     from engine.codegen.triton import native_launch
     from engine.codegen.triton.launcher import launch_stream
     assert native_launch.wait(600), native_launch.build_error()
@@ -601,11 +601,12 @@ def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_capture():
     assert torch.equal(g(s, a.clone(), b), torch.mm(a, b))
     assert g(s, a[:32], b) is None and g(s, a.t().contiguous().t(), b) is None
     assert g(s, a.float(), b.float()) is None and g(None, a, b) is None
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        with torch.cuda.graph(graph, stream=side):
-            captured = g(launch_stream(torch.cuda.current_device()), a, b)
-    assert captured is None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = g(launch_stream(torch.cuda.current_device()), a, b)
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    assert torch.equal(captured, torch.mm(a, b))
     bias = native_launch.gemm(True)
     c = torch.randn(80, device=DEV, dtype=torch.half)
     assert torch.equal(bias(s, a, b, c), torch.addmm(c, a, b))

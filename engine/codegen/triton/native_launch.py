@@ -20,8 +20,9 @@ cuBLAS's heuristic picks them for torch.mm, and kept. torch.mm costs 15-18 us of
 a call on the H200 machines (argument parsing, dispatch, the cuBLAS handle and workspace
 look-ups, cuBLAS's own heuristic), and a GPT-2 training step makes 147. It returns None
 wherever torch.mm's path must run instead (another layout, dtype or alignment than its
-first call's, a stream being captured, cuBLAS settings off their defaults, no cuBLASLt in
-the process): the wrapper then calls torch.mm."""
+first call's, cuBLAS settings off their defaults, no cuBLASLt in the process): the wrapper
+then calls torch.mm. Under CUDA graph capture it is captured as torch.mm's cuBLASLt call
+would be, with torch's workspace of the capturing stream."""
 
 from __future__ import annotations
 
@@ -225,7 +226,6 @@ struct LtHeuristic { uint64_t algo[8]; size_t workspace; int state; float waves;
 typedef int (*lt_heuristic_t)(void *, void *, void *, void *, void *, void *, void *, int, LtHeuristic *, int *);
 typedef int (*lt_matmul_t)(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
                            const void *, void *, void *, void *, const void *, void *, size_t, void *);
-typedef int (*stream_capturing_t)(void *, int *);
 
 // cublasLt.h's values (stable since CUDA 11)
 enum { LT_COMPUTE_32F = 68, LT_R_32F = 0, LT_R_16F = 2, LT_R_16BF = 14, LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4,
@@ -244,7 +244,6 @@ static struct {
   void *(*handle)();
   void *(*workspace)();
   size_t (*workspace_size)();
-  stream_capturing_t capturing;
 } lt;
 
 static void *loaded(const char *const *names) {
@@ -261,9 +260,8 @@ static bool lt_load() {
   static const char *const cublaslt[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11",
                                          "libcublasLt.so", nullptr};
   static const char *const torch_cuda[] = {"libtorch_cuda.so", nullptr};
-  static const char *const cuda[] = {"libcuda.so.1", nullptr};
-  void *l = loaded(cublaslt), *t = loaded(torch_cuda), *c = loaded(cuda);
-  if (l == nullptr || t == nullptr || c == nullptr) return false;
+  void *l = loaded(cublaslt), *t = loaded(torch_cuda);
+  if (l == nullptr || t == nullptr) return false;
   lt.desc_create = (lt_desc_create_t)dlsym(l, "cublasLtMatmulDescCreate");
   lt.desc_set = (lt_set_t)dlsym(l, "cublasLtMatmulDescSetAttribute");
   lt.pref_set = (lt_set_t)dlsym(l, "cublasLtMatmulPreferenceSetAttribute");
@@ -278,10 +276,9 @@ static bool lt_load() {
   lt.handle = (void *(*)())dlsym(t, "_ZN2at4cuda26getCurrentCUDABlasLtHandleEv");
   lt.workspace = (void *(*)())dlsym(t, "_ZN2at4cuda22getCUDABlasLtWorkspaceEv");
   lt.workspace_size = (size_t(*)())dlsym(t, "_ZN2at4cuda26getCUDABlasLtWorkspaceSizeEv");
-  lt.capturing = (stream_capturing_t)dlsym(c, "cuStreamIsCapturing");
   lt.ok = lt.desc_create && lt.desc_set && lt.pref_set && lt.layout_create && lt.pref_create && lt.desc_destroy &&
           lt.layout_destroy && lt.pref_destroy && lt.heuristic && lt.matmul && lt.handle && lt.workspace &&
-          lt.workspace_size && lt.capturing;
+          lt.workspace_size;
   return lt.ok;
 }
 
@@ -424,8 +421,8 @@ static PyObject *gemm_call(PyObject *self_, PyObject *const *argv, size_t nargsf
     const at::Tensor *bias = p.bias ? &THPVariable_Unpack(argv[3]) : nullptr;
     if (p.state == 0) p.state = gemm_plan(p, a, b, bias) ? 1 : -1;
     if (p.state < 0 || !gemm_fits(p, a, b, bias)) Py_RETURN_NONE;
-    int capture = 0;      // under CUDA graph capture torch.mm's path, with its workspace rules, runs
-    if (lt.capturing(stream, &capture) != 0 || capture != 0) Py_RETURN_NONE;
+    // torch's workspace for this stream, as torch.mm's cuBLASLt calls take it (under CUDA graph
+    // capture too: the capturing stream's own)
     void *workspace = lt.workspace();
     size_t workspace_size = lt.workspace_size();
     if (p.chosen.workspace > workspace_size) Py_RETURN_NONE;
