@@ -586,6 +586,7 @@ def test_matmuls_take_torch_mm_where_cublas_settings_are_not_the_default():
         assert torch.equal(fn(a, b), torch.mm(a, b).relu())
     finally:
         matmul.allow_bf16_reduced_precision_reduction = True
+    assert gemm_stream(0) == 0
 
 
 def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_replays_in_a_cuda_graph():

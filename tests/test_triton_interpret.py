@@ -658,3 +658,22 @@ def test_the_layers_of_a_stack_launch_one_kernel_each_copy():
     assert len(copies) == 3 and len(launchers) == 2, code
     src = kernels_of(c)
     assert src.count("\ndef kernel") == 2
+
+
+def test_matmuls_go_to_cublaslt_directly_only_under_torchs_default_cublas_settings():
+    # the wrapper asks once a call whether its 16-bit matmuls may skip torch.mm (the direct
+    # cuBLASLt call allows what the defaults allow); any other setting gives None: torch.mm
+    from engine.codegen.triton.launcher import gemm_stream
+    matmul = torch.backends.cuda.matmul
+    assert gemm_stream(None) is None and gemm_stream(1234) == 1234
+    try:
+        matmul.allow_fp16_reduced_precision_reduction = False
+        assert gemm_stream(1234) is None
+    finally:
+        matmul.allow_fp16_reduced_precision_reduction = True
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert gemm_stream(1234) is None
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert gemm_stream(1234) == 1234

@@ -313,7 +313,9 @@ def launch_stream(device):
 def gemm_stream(stream):
     """The stream a wrapper's matmuls go to through cuBLASLt directly this call (native_launch's
     Gemm): the launch stream, where torch's cuBLAS settings are the defaults the direct call
-    assumes (reduced-precision reductions allowed, fp32 accumulation), else None (torch.mm)."""
+    assumes (reduced-precision reductions allowed, fp32 accumulation), else None (torch.mm).
+    Deterministic algorithms also leave the matmuls to torch.mm, which checks the cuBLAS
+    workspace setting they need."""
     if stream is None:
         return None
     import torch
@@ -321,7 +323,7 @@ def gemm_stream(stream):
     if not (m.allow_bf16_reduced_precision_reduction and m.allow_fp16_reduced_precision_reduction
             and getattr(m, "allow_bf16_reduced_precision_reduction_split_k", True)
             and getattr(m, "allow_fp16_reduced_precision_reduction_split_k", True)) \
-            or getattr(m, "allow_fp16_accumulation", False):
+            or getattr(m, "allow_fp16_accumulation", False) or torch.are_deterministic_algorithms_enabled():
         return None
     return stream
 
