@@ -421,3 +421,34 @@ def test_the_inputs_placement_is_the_same_from_cpp_as_from_python(monkeypatch):
     monkeypatch.setattr(inputs, "native_placement", lambda args: None)
     assert from_cpp == [inputs.placement_key(c) for c in cases]
     assert from_cpp[2][1] == (0, 0, 2) and from_cpp[1][0] == (2, 0, 0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_a_batch_norm_run_eagerly_then_compiled_leaves_its_running_stats_version(backend):
+    # eager's batch norm updates its running statistics without a new version, and saves
+    # them for its backward. Here the first call of the module runs eagerly (the graph also
+    # resizes an input in place), the second is compiled: its write-back of the statistics
+    # must not give them a new version either, or the first one's backward refuses them
+    # (fuzz 941102, "modified by an inplace operation")
+    import engine
+
+    def fn(net, x, y):
+        t0 = net(y)
+        x.squeeze_()
+        engine.graph_break()
+        return net(t0) * 2
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    ref = copy.deepcopy(net)
+    y = torch.randn(6, 4)
+    got = engine.compile(fn, backend=backend)(net, torch.randn(6, 4), y)
+    want = fn(ref, torch.randn(6, 4), y)
+    got.sum().backward()
+    want.sum().backward()
+    close(got, want)
+    for (name, a), b in zip(net.state_dict().items(), ref.state_dict().values()):
+        close(a, b, msg=name)
+        assert a._version == b._version or not name.startswith("1.running"), name
+    for a, b in zip(net.parameters(), ref.parameters()):
+        close(a.grad, b.grad)

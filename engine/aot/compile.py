@@ -20,7 +20,7 @@ import observe
 
 from .errors import AOTAutogradError, BackwardTraceError
 from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, placement_key, spec_of
-from .metadata import GraphMeta, collect_metadata
+from .metadata import GraphMeta, collect_metadata, mark_hidden_mutations
 from .mincut import min_cut_saved
 from .missing_grads import BackwardsByMissing, caller_writable
 from .partition import default_saved, extract, joint_parts, runtime_checks, split, tensor_bytes
@@ -196,6 +196,7 @@ class AOTCompiled:
             observe.log("aot", logging.INFO, "graph %d runs eagerly (not compiled): %s", gid, meta.fallback_reason)
             return EagerFallback(self.gm, self.num_user, meta.fallback_reason)
         observe.log("aot", logging.DEBUG, "metadata:\n%s", meta.describe())
+        mark_hidden_mutations(meta, self.gm)
         tracer = Tracer(self.gm, self.lifted, meta, self.num_user, fake_mode, self.config.decompositions)
         # The trace takes fresh fakes: the metadata pass's fakes remember their data-dependent
         # sizes (`nonzero`'s u0), already settled by the graph's runtime asserts, and an assert

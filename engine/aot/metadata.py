@@ -27,6 +27,10 @@ class InputInfo:
     requires_grad: bool          # before the call
     requires_grad_after: bool    # a mutation can make it require grad: buf.copy_(param)
     mutated_under_no_grad: bool = False   # every mutation ran under no_grad (an optimizer step)
+    # every mutation is one eager makes without a new version (batch norm's running
+    # statistics): the write-back leaves the version alone too, or a backward that saved the
+    # tensor before it (an eager batch norm's) would refuse it (mark_hidden_mutations)
+    hidden_from_autograd: bool = False
 
     @property
     def differentiable_mutation(self) -> bool:
@@ -73,6 +77,7 @@ class GraphMeta:
         s = self.out_spec
         if s is not None and s.type in (list, tuple) and s == pytree.tree_structure(s.type([0] * s.num_children)):
             self.flat_out_type = s.type
+        self.hidden_mutations: frozenset = frozenset()    # see mark_hidden_mutations
 
     @property
     def num_mutations(self) -> int:
@@ -301,3 +306,36 @@ def _finish(inputs, outputs, spec, graph_leaves, graph_fakes, fallback, training
                      graph_output_leaves=graph_leaves, graph_output_fakes=graph_fakes,
                      graph_output_requires_grad=[bool(t.requires_grad) for t in graph_fakes],
                      fallback_reason=fallback)
+
+
+# batch norm as a captured graph calls it: the op -> (the argument positions of the running
+# mean and variance, the position of `training`)
+_BATCH_NORMS = {torch.nn.functional.batch_norm: ((1, 2), 5, "running_mean", "running_var"),
+                torch.batch_norm: ((3, 4), 5, "running_mean", "running_var")}
+
+
+def mark_hidden_mutations(meta: GraphMeta, gm: torch.fx.GraphModule) -> None:
+    """The mutated inputs that are the running statistics of a batch norm in training mode:
+    eager's batch norm writes them without a new version (its schema does not declare the
+    write), so a backward that saved them (eager's batch norm does) still takes them after
+    the next update; the write-back must not give them one either (fuzz 941102: an eager
+    batch norm, a graph break, then the same module compiled). gm: the captured graph,
+    whose placeholders are the inputs in order."""
+    index = {n: k for k, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    stats = set()
+    for n in gm.graph.nodes:
+        spec = _BATCH_NORMS.get(n.target) if n.op == "call_function" else None
+        if spec is None:
+            continue
+        (mean_at, var_at), training_at, mean_kw, var_kw = spec
+        training = n.args[training_at] if len(n.args) > training_at else n.kwargs.get("training", False)
+        if training is not True:
+            continue
+        for at, kw in ((mean_at, mean_kw), (var_at, var_kw)):
+            arg = n.args[at] if len(n.args) > at else n.kwargs.get(kw)
+            # only where batch norms are all that touch it (another write is eager's, versioned)
+            if arg in index and all(_BATCH_NORMS.get(u.target) for u in arg.users):
+                stats.add(index[arg])
+    for i in meta.mutated_inputs:
+        meta.inputs[i].hidden_from_autograd = i in stats
+    meta.hidden_mutations = frozenset(i for i in meta.mutated_inputs if i in stats)

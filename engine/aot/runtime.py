@@ -18,11 +18,12 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     grad = torch.is_grad_enabled()
     if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
         written = []
+        hidden = meta.hidden_mutations
         with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
             for k, i in enumerate(meta.mutated_inputs):
                 if outs[k] is not flat[i]:
-                    flat[i].copy_(outs[k])
-                else:                  # the compiled graph wrote it in place, through a pointer
+                    _write_back(flat[i], outs[k], i in hidden)
+                elif i not in hidden:  # the compiled graph wrote it in place, through a pointer
                     written.append(flat[i])
         if written:
             # as an in-place op would: a tensor saved for a backward before (eager's `x * w`
@@ -33,9 +34,12 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
             target, new = flat[i], outs[k]
             if meta.inputs[i].differentiable_mutation and grad:
                 target.copy_(new)          # eager's in-place op would be recorded by autograd too
-            else:
+            elif i not in meta.hidden_mutations:
                 with torch.no_grad():
                     target.copy_(new)
+            elif target is not new:
+                with torch.no_grad():
+                    _write_back(target, new, True)
     leaves = []
     for o in meta.outputs:
         if o.kind == "graph":
@@ -73,6 +77,17 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     if meta.flat_out_type is not None:
         return meta.flat_out_type(leaves)
     return pytree.tree_unflatten(leaves, meta.out_spec)
+
+
+def _write_back(target: torch.Tensor, new: torch.Tensor, hidden: bool) -> None:
+    """target.copy_(new), under no_grad; `hidden`: as eager's batch norm updates its running
+    statistics, without a new version (an eager batch norm that saved them before still
+    takes them: fuzz 941102)."""
+    if not hidden or target.is_inference():
+        target.copy_(new)
+        return
+    with torch.autograd._unsafe_preserve_version_counter(target):
+        target.copy_(new)
 
 
 def _same_storage(a, b) -> bool:

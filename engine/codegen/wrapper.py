@@ -306,7 +306,8 @@ def _buffers_read(g: GraphLowering, sched: Schedule) -> set:
 # those argument types resolves to the same overload.
 _BINDINGS = {getattr(torch.ops.aten, name).default: f"torch.{name}"
              for name in ("convolution", "mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product_efficient_attention",
-                          "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention")
+                          "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
+                          "native_dropout")
              if hasattr(torch._C._VariableFunctions, name)}
 _BINDINGS[torch.ops.aten.mm.dtype] = "torch.mm"     # out_dtype= by keyword (wide_matmul.py)
 
