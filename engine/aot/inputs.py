@@ -135,12 +135,12 @@ def call_key(args: list[Any]) -> tuple:
 
 
 _OFFSET, _DATA_PTR, _ITEMSIZE = torch.Tensor.storage_offset, torch.Tensor.data_ptr, torch.Tensor.element_size
+_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 @functools.lru_cache(maxsize=64)
 def _identity(n: int) -> tuple:
     return tuple(range(n))
-_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def placement_key(args: list[Any]) -> tuple:

@@ -27,10 +27,6 @@ class InputInfo:
     requires_grad: bool          # before the call
     requires_grad_after: bool    # a mutation can make it require grad: buf.copy_(param)
     mutated_under_no_grad: bool = False   # every mutation ran under no_grad (an optimizer step)
-    # every mutation is one eager makes without a new version (batch norm's running
-    # statistics): the write-back leaves the version alone too, or a backward that saved the
-    # tensor before it (an eager batch norm's) would refuse it (mark_hidden_mutations)
-    hidden_from_autograd: bool = False
 
     @property
     def differentiable_mutation(self) -> bool:
@@ -77,7 +73,8 @@ class GraphMeta:
         s = self.out_spec
         if s is not None and s.type in (list, tuple) and s == pytree.tree_structure(s.type([0] * s.num_children)):
             self.flat_out_type = s.type
-        self.hidden_mutations: frozenset = frozenset()    # see mark_hidden_mutations
+        # mutated inputs eager writes without a new version (mark_hidden_mutations)
+        self.hidden_mutations: frozenset = frozenset()
 
     @property
     def num_mutations(self) -> int:
@@ -336,6 +333,4 @@ def mark_hidden_mutations(meta: GraphMeta, gm: torch.fx.GraphModule) -> None:
             # only where batch norms are all that touch it (another write is eager's, versioned)
             if arg in index and all(_BATCH_NORMS.get(u.target) for u in arg.users):
                 stats.add(index[arg])
-    for i in meta.mutated_inputs:
-        meta.inputs[i].hidden_from_autograd = i in stats
     meta.hidden_mutations = frozenset(i for i in meta.mutated_inputs if i in stats)

@@ -282,8 +282,8 @@ _DIRECT_MATMULS = {aten.mm.default: False, aten.mm.dtype: False, aten.addmm.defa
 
 def _direct_matmul(g, ext, lines: list):
     """A 16-bit matmul (or addmm with a bias) whose result aten would allocate fresh and
-    contiguous, called through native_launch's Gemm (cuBLASLt directly, ~half of torch.mm's
-    host time) with torch.mm's call where it returns None: (the Gemm's constructor
+    contiguous, called through native_launch's Gemm (cuBLASLt directly, less host time than
+    torch.mm) with torch.mm's call where it returns None: (the Gemm's constructor
     arguments, the lines), or None to keep the call as it is."""
     bias = _DIRECT_MATMULS.get(ext.op)
     if bias is None or ext.in_place_of is not None or len(lines) != 1 or len(ext.outputs) != 1:

@@ -353,7 +353,7 @@ static bool gemm_plan(GemmPlan &p, const at::Tensor &a, const at::Tensor &b, con
   p.align_a = alignment(a.const_data_ptr());
   p.align_b = alignment(b.const_data_ptr());
   p.align_bias = bias != nullptr ? alignment(bias->const_data_ptr()) : 1;
-  uint32_t align_d = 256;       // a fresh tensor from the caching allocator
+  uint32_t align_d = 256;       // a fresh tensor from the caching allocator (checked on each call)
   if (lt.desc_create(&p.desc, LT_COMPUTE_32F, LT_R_32F) != 0) return false;
   int32_t op_b = tb, op_a = ta;     // cuBLAS's A is b, its B is a
   lt.desc_set(p.desc, LT_DESC_TRANSA, &op_b, sizeof(op_b));
@@ -433,6 +433,7 @@ static PyObject *gemm_call(PyObject *self_, PyObject *const *argv, size_t nargsf
     }
     float alpha = 1.0f, beta = 0.0f;
     void *out = d.data_ptr();
+    if ((uint64_t)out % 256) Py_RETURN_NONE;     // another allocator than the caching one's blocks
     int code = lt.matmul(lt.handle(), p.desc, &alpha, b.const_data_ptr(), p.lb, a.const_data_ptr(), p.la, &beta, out,
                          p.ld, out, p.ld, p.chosen.algo, workspace, workspace_size, stream);
     if (code != 0) {      // refused before launching anything: torch.mm's path, from now on
