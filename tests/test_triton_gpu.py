@@ -602,6 +602,10 @@ def test_a_direct_matmul_answers_torch_mm_for_other_layouts_and_replays_in_a_cud
     assert torch.equal(g(s, a.clone(), b), torch.mm(a, b))
     assert g(s, a[:32], b) is None and g(s, a.t().contiguous().t(), b) is None
     assert g(s, a.float(), b.float()) is None and g(None, a, b) is None
+
+    class Sub(torch.Tensor):       # a subclass keeps its own dispatch: torch.mm's path
+        pass
+    assert g(s, a.as_subclass(Sub), b) is None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = g(launch_stream(torch.cuda.current_device()), a, b)

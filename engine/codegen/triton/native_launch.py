@@ -411,8 +411,8 @@ static PyObject *gemm_call(PyObject *self_, PyObject *const *argv, size_t nargsf
     return nullptr;
   }
   if (argv[0] == Py_None || p.state < 0) Py_RETURN_NONE;
-  for (Py_ssize_t i = 1; i < n; i++)
-    if (!THPVariable_Check(argv[i])) Py_RETURN_NONE;
+  for (Py_ssize_t i = 1; i < n; i++)     // a subclass keeps its own dispatch: torch.mm's path
+    if (!THPVariable_CheckExact(argv[i])) Py_RETURN_NONE;
   void *stream = PyLong_AsVoidPtr(argv[0]);
   if (stream == nullptr && PyErr_Occurred()) return nullptr;
   try {
