@@ -585,7 +585,7 @@ def placement(args: list):
     """The inputs' storage offsets where each is a plain tensor on a storage of its own, else
     None (and None while the extension is not built): aot/inputs.py's placement_key in C++."""
     mod = _BUILD.module
-    return mod.placement(args) if mod is not None and _BUILD.enabled() else None
+    return mod.placement(args) if mod is not None and type(args) is list and _BUILD.enabled() else None
 
 
 def spec_of(m) -> tuple:
