@@ -226,3 +226,42 @@ def test_a_dict_read_for_one_key_is_guarded_on_that_key_only():
     torch.testing.assert_close(g(x, d), x * 3.0)
     d["b"] = 5.0
     torch.testing.assert_close(g(x, d), x * 6.0)
+
+
+class GenerationMode(str, __import__("enum").Enum):     # as transformers' generation modes
+    GREEDY = "greedy"
+    SAMPLE = "sample"
+
+
+class Scale:
+    pass
+
+
+SCALES = {GenerationMode.GREEDY: 2.0, GenerationMode.SAMPLE: 3.0}
+
+
+class Registry(dict):
+    pass
+
+
+REGISTRY = Registry({Scale: 5.0, "bias": 1.0})
+
+
+def test_a_dict_keyed_by_enum_members_or_classes_is_guarded_by_valid_code():
+    # a str enum member's repr, `<GenerationMode.GREEDY: 'greedy'>`, is no expression: the
+    # guards name such keys by their module path (transformers' generate() read
+    # GENERATION_MODES_MAPPING[mode] and its guards did not compile)
+    def fn(x):
+        return x * SCALES[GenerationMode.GREEDY] + REGISTRY[Scale] + REGISTRY.get("bias")
+
+    compiled = engine.compile(fn, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), fn(x))
+    SCALES[GenerationMode.GREEDY] = 4.0      # a guarded value changed: compiled again, right
+    REGISTRY[Scale] = 6.0
+    try:
+        torch.testing.assert_close(compiled(x), fn(x))
+        assert len(entries_of(fn)) == 2
+    finally:
+        SCALES[GenerationMode.GREEDY] = 2.0
+        REGISTRY[Scale] = 5.0

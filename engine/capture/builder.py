@@ -17,7 +17,8 @@ from .runtime import GradModeExit
 from . import autocast as autocastmod
 from . import numpy_ops
 from . import optimizers
-from .source import AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource, Source
+from .source import (AttrSource, DictValueSource, GetItemSource, ListIteratorSource, LocalSource, NumpyTensorSource,
+                     Source, literal)
 from .variables import (AutocastVariable, ConstantVariable, DictVariable, FunctionVariable, GradModeVariable,
                         LazyDictVariable,
                         IteratorVariable, ListVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
@@ -141,7 +142,7 @@ class Builder:
             positions = {k: i for i, k in enumerate(keys)}
 
             def wrap_item(k):
-                return self.wrap(value[k], GetItemSource(source, k) if isinstance(k, (str, int)) else
+                return self.wrap(value[k], GetItemSource(source, k) if literal(k) is not None else
                                  DictValueSource(source, positions[k]))
             vt = LazyDictVariable(value, source, t, wrap_item)
             out.remember(value, vt)

@@ -33,7 +33,8 @@ from . import higher_order, numpy_ops, optimizers, scalars
 from .pyversion import V, split_call
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
-from .source import AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source
+from .source import (AttrSource, DictItemSource, GetItemSource, GlobalSource, LocalSource, ModuleGlobalSource, Source,
+                     literal)
 from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS, PURE_MODULES, TENSOR_CONSTANT_ATTRS,
                          TENSOR_GRAPH_ATTRS, TENSOR_METADATA_METHODS, TENSOR_METHOD_BREAKS, convertible, has_tensor,
                          is_torch_op)
@@ -1618,7 +1619,7 @@ class Frame:
         """The items of a dict subclass object from outside the frame, read through dict itself
         and guarded on its keys: a copy to read (a mutation method breaks before reaching it)."""
         keys = list(dict.keys(obj.value))
-        if not all(isinstance(k, (str, int)) for k in keys):
+        if not all(isinstance(k, (str, int)) and literal(k) is not None for k in keys):
             raise GraphBreak("GB0011", f"items of a {obj.cls.__name__} with non-constant keys")
         self.out.add_guard("EQUALS_MATCH", DictItemSource(obj.source, None, "keys"), keys)
         wrap = self.out.builder.wrap
@@ -1628,6 +1629,8 @@ class Frame:
         """get / [] / in on a dict subclass object from outside the frame: one key read,
         guarded on that key being there (and on its value)."""
         key = self.dict_key(args[0])
+        if literal(key) is None:
+            raise GraphBreak("GB0011", f"a read of a {obj.cls.__name__} with a key of no literal form ({type(key).__name__})")
         present = dict.__contains__(obj.value, key)
         self.out.add_guard("EQUALS_MATCH", DictItemSource(obj.source, key, "__contains__"), present)
         if name == "__contains__":

@@ -5,7 +5,11 @@ Guards and the generated code both evaluate these strings."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
+import sys
+import types
+from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +24,38 @@ class Source:
         """`L['self'].layer.weight` -> `L_self_layer_weight_`, like PyTorch's placeholder names."""
         text = re.sub(r"[^0-9a-zA-Z_]+", "_", self.name())
         return text if text.endswith("_") else text + "_"
+
+
+def literal(key) -> Optional[str]:
+    """A dict key or index as a Python expression where sources are evaluated (`sys` is
+    there): str, int, bool and None as themselves, tuples of those, enum members, classes
+    and functions by their module path (`GenerationMode.GREEDY_SEARCH` is a str whose repr is
+    no expression). None: no such expression (the key is read another way, or breaks)."""
+    if key is None or type(key) in (str, int, bool):
+        return repr(key)
+    if type(key) is tuple:
+        parts = [literal(k) for k in key]
+        if any(p is None for p in parts):
+            return None
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    if isinstance(key, enum.Enum):
+        owner = _module_path(type(key))
+        return f"{owner}.{key.name}" if owner and key.name.isidentifier() and \
+            getattr(type(key), key.name, None) is key else None
+    if isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return _module_path(key)
+    return None
+
+
+def _module_path(obj) -> Optional[str]:
+    """`sys.modules['m'].A.B` for an object reachable by its module and qualified name."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    target = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    return f"sys.modules[{module!r}].{qualname}" if target is obj else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +88,10 @@ class AttrSource(Source):
 @dataclasses.dataclass(frozen=True)
 class GetItemSource(Source):
     base: Source
-    index: object  # int or str (a constant key)
+    index: object  # a key with a literal() form
 
     def name(self) -> str:
-        return f"{self.base.name()}[{self.index!r}]"
+        return f"{self.base.name()}[{literal(self.index)}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +128,7 @@ class DictItemSource(Source):
     def name(self) -> str:
         if self.method == "keys":  # all of them, in order
             return f"list(dict.keys({self.base.name()}))"
-        return f"dict.{self.method}({self.base.name()}, {self.index!r})"
+        return f"dict.{self.method}({self.base.name()}, {literal(self.index)})"
 
 
 @dataclasses.dataclass(frozen=True)
