@@ -161,6 +161,12 @@ class AOTCompiled:
             if self.cache:
                 observe.log("aot", logging.DEBUG, "compiling again for new inputs: %s",
                             _Lazy(_key_difference, list(self.cache)[-1], key))
+                # the capture's entry was reused (a dynamic size passed its guards), but its AOT
+                # graphs and kernels are compiled again for these inputs: a cost the user
+                # looking at recompiles should see
+                observe.log("recompiles", logging.INFO, "Recompiling the AOT graphs of %s (its cache entry "
+                            "is reused) for new inputs: %s", self.compile_id,
+                            _Lazy(_key_difference, list(self.cache)[-1], key))
             entry = self._build(key, flat)
         self.cache[key] = entry
         return entry
