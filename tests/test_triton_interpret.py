@@ -660,6 +660,34 @@ def test_the_layers_of_a_stack_launch_one_kernel_each_copy():
     assert src.count("\ndef kernel") == 2
 
 
+def test_a_gpu_wrapper_calls_its_16_bit_matmuls_through_gemm_with_torch_mm_behind(monkeypatch):
+    # the wrapper a GPU graph gets (its device pretended here): each 16-bit matmul is a Gemm
+    # call over the operands (addmm's bias last), then torch.mm's own call where it answers
+    # None, as it does without a stream; the results are eager's
+    from engine.codegen.triton import compile as triton_compile, launcher
+    monkeypatch.setattr(triton_compile, "_graph_gpu", lambda g, interpret: 0)
+    monkeypatch.setattr(launcher, "launch_stream", lambda device: None)    # no CUDA here: no stream
+    w, w2, bias = (torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(8, 4, dtype=torch.bfloat16),
+                   torch.randn(8, dtype=torch.bfloat16))
+
+    def f(x, w, w2, bias):
+        return (torch.nn.functional.linear(x, w, bias).relu() @ w2).float()
+
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    c = compile_triton(f, x, w, w2, bias)
+    torch.testing.assert_close(c(x, w, w2, bias), f(x, w, w2, bias), rtol=1e-2, atol=1e-2)
+    lines = [ln.strip() for ln in c.source.splitlines()]
+    assert "_g = gemm_stream(_s)" in lines
+    gemm_calls = [ln for ln in lines if "= _gemm_" in ln and "(_g, " in ln]
+    fallbacks = [ln for ln in lines if ln.startswith("if ") and " is None: " in ln]
+    assert len(gemm_calls) == len(fallbacks) == 2, c.source
+    addmm = next(ln for ln in fallbacks if "torch.addmm(" in ln)
+    name = addmm.split()[1]
+    bias_arg = addmm.split("torch.addmm(")[1].split(",")[0]
+    gemm = next(ln for ln in gemm_calls if ln.startswith(f"{name} = "))
+    assert gemm.rstrip(")").endswith(bias_arg), (gemm, addmm)     # the bias goes last to the Gemm
+
+
 def test_matmuls_go_to_cublaslt_directly_only_under_torchs_default_cublas_settings():
     # the wrapper asks once a call whether its 16-bit matmuls may skip torch.mm (the direct
     # cuBLASLt call allows what the defaults allow); any other setting gives None: torch.mm

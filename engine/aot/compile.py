@@ -159,14 +159,13 @@ class AOTCompiled:
         ctx = observe.compile_context(self.compile_id) if observe.current_compile_id() is None else nullcontext()
         with ctx, observe.stage("aot"):
             if self.cache:
-                observe.log("aot", logging.DEBUG, "compiling again for new inputs: %s",
-                            _Lazy(_key_difference, list(self.cache)[-1], key))
+                difference = _Lazy(_key_difference, list(self.cache)[-1], key)
+                observe.log("aot", logging.DEBUG, "compiling again for new inputs: %s", difference)
                 # the capture's entry was reused (a dynamic size passed its guards), but its AOT
                 # graphs and kernels are compiled again for these inputs: a cost the user
                 # looking at recompiles should see
                 observe.log("recompiles", logging.INFO, "Recompiling the AOT graphs of %s (its cache entry "
-                            "is reused) for new inputs: %s", self.compile_id,
-                            _Lazy(_key_difference, list(self.cache)[-1], key))
+                            "is reused) for new inputs: %s", self.compile_id, difference)
             entry = self._build(key, flat)
         self.cache[key] = entry
         return entry

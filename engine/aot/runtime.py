@@ -34,12 +34,9 @@ def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
             target, new = flat[i], outs[k]
             if meta.inputs[i].differentiable_mutation and grad:
                 target.copy_(new)          # eager's in-place op would be recorded by autograd too
-            elif i not in meta.hidden_mutations:
+            elif target is not new or i not in meta.hidden_mutations:
                 with torch.no_grad():
-                    target.copy_(new)
-            elif target is not new:
-                with torch.no_grad():
-                    _write_back(target, new, True)
+                    _write_back(target, new, i in meta.hidden_mutations)
     leaves = []
     for o in meta.outputs:
         if o.kind == "graph":

@@ -312,16 +312,21 @@ _BINDINGS = {getattr(torch.ops.aten, name).default: f"torch.{name}"
 _BINDINGS[torch.ops.aten.mm.dtype] = "torch.mm"     # out_dtype= by keyword (wide_matmul.py)
 
 
-def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
+def extern_call_expr(g, ext: ExternKernel) -> str:
+    """The Python call of an extern op: `torch.mm(buf5, arg6)`."""
     op = IN_PLACE_FORMS[ext.op] if ext.in_place_of is not None else ext.op
     ns = op.namespace
     opname = _BINDINGS.get(op) or \
         f"{'aten' if ns == 'aten' else 'prims' if ns == 'prims' else f'torch.ops.{ns}'}.{op._opname}.{op._overloadname}"
     args = [_arg_expr(g, a) for a in ext.args] + [f"{k}={_arg_expr(g, v)}" for k, v in ext.kwargs.items()]
-    call = f"{opname}({', '.join(args)})"
+    return f"{opname}({', '.join(args)})"
+
+
+def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
+    call = extern_call_expr(g, ext)
     if len(ext.outputs) == 1 and ext.outputs[0].path == ():
         o = ext.outputs[0]
-        if _fresh_and_contiguous(ext, o.layout):
+        if fresh_and_contiguous(ext, o.layout):
             return [f"{o.name} = {call}"]
         return [f"{o.name} = ensure_layout({call}, {tup(o.layout.sizes)}, {tup(o.layout.strides)}, {o.layout.dtype})"]
     lines = [f"{ext.name} = {call}"]
@@ -348,7 +353,7 @@ def _extern_call(g, ext: ExternKernel, read: set) -> list[str]:
 _CONTIGUOUS_RESULTS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm}
 
 
-def _fresh_and_contiguous(ext: ExternKernel, layout) -> bool:
+def fresh_and_contiguous(ext: ExternKernel, layout) -> bool:
     """A matmul's result expected contiguous: aten allocates it so on every device, so the
     per-call layout check (a GPT-2 training step makes 147 matmuls) is left out."""
     return (ext.op.overloadpacket in _CONTIGUOUS_RESULTS and ext.in_place_of is None and layout.offset == 0

@@ -18,7 +18,8 @@ from .. import values as V
 from ..scheduler import FusedKernel
 from ..runtime import meta_empty_strided
 from ..ir import TensorValue
-from ..wrapper import _arg_expr, _buffers_read, _extern_call, call_body, empty_strided_line, pyexpr, tup
+from ..wrapper import (_arg_expr, _buffers_read, _extern_call, call_body, empty_strided_line, extern_call_expr,
+                       fresh_and_contiguous, pyexpr, tup)
 from . import combo, native_launch
 from .kernel import Unsupported, module_prelude, render_kernel
 from .launcher import compile_workers, precompile_graph
@@ -260,10 +261,9 @@ def _body(g, sched, kernels, combos, precompile: bool, gpu=None, alloc=empty_str
     def step_call(step):
         if precompile:     # the extern's outputs, not computed: kernels only need their layouts
             return [empty_strided_line(o.name, o.layout) for o in step.outputs]
-        lines = _extern_call(g, step, read)
-        direct = _direct_matmul(g, step, lines) if gpu is not None and gemms is not None else None
+        direct = _direct_matmul(g, step) if gpu is not None and gemms is not None else None
         if direct is None:
-            return lines
+            return _extern_call(g, step, read)
         gemms[step.outputs[0].name] = direct[0]
         return direct[1]
 
@@ -280,13 +280,14 @@ aten = torch.ops.aten
 _DIRECT_MATMULS = {aten.mm.default: False, aten.mm.dtype: False, aten.addmm.default: True}   # op -> takes a bias
 
 
-def _direct_matmul(g, ext, lines: list):
+def _direct_matmul(g, ext):
     """A 16-bit matmul (or addmm with a bias) whose result aten would allocate fresh and
     contiguous, called through native_launch's Gemm (cuBLASLt directly, less host time than
     torch.mm) with torch.mm's call where it returns None: (the Gemm's constructor
     arguments, the lines), or None to keep the call as it is."""
     bias = _DIRECT_MATMULS.get(ext.op)
-    if bias is None or ext.in_place_of is not None or len(lines) != 1 or len(ext.outputs) != 1:
+    if bias is None or len(ext.outputs) != 1 or ext.outputs[0].path != () or \
+            not fresh_and_contiguous(ext, ext.outputs[0].layout):
         return None
     out = ext.outputs[0]
     args = list(ext.args)
@@ -305,12 +306,11 @@ def _direct_matmul(g, ext, lines: list):
     if dtype not in (torch.bfloat16, torch.float16) or args[1].dtype != dtype:
         return None
     out_dtype = ext.kwargs.get("out_dtype")
-    if out.layout.dtype != (out_dtype or dtype) or not lines[0].startswith(f"{out.name} = "):
+    if out.layout.dtype != (out_dtype or dtype):
         return None
-    call = lines[0][len(f"{out.name} = "):]
     argv = ", ".join(["_g"] + [_arg_expr(g, a) for a in args])
     return ((bias, out_dtype), [f"{out.name} = _gemm_{out.name}({argv})",
-                                f"if {out.name} is None: {out.name} = {call}"])
+                                f"if {out.name} is None: {out.name} = {extern_call_expr(g, ext)}"])
 
 
 def compile_fx_triton(gm, example_inputs):
