@@ -19,6 +19,11 @@ reorderable_logging_functions: set = set()
 # ENGINE_STRICT_CAPTURE=1 raises instead (for developing the engine).
 capture_errors_as_graph_breaks: bool = os.environ.get("ENGINE_STRICT_CAPTURE", "0") != "1"
 
+# `loss.backward()` in a compiled function: traced into the graph, forward and backward
+# compiled as one (engine/capture/backward.py, docs/training.md). Off by default: on the
+# GPU it measured slower, with a higher peak, than the partitioned pair behind autograd.
+backward_in_graph: bool = os.environ.get("ENGINE_BACKWARD_IN_GRAPH", "0") == "1"
+
 # guards and recompiles
 cache_size_limit: int = 8
 accumulated_cache_size_limit: int = 256

@@ -21,7 +21,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from tests.fuzz import gen, harness, runner  # noqa: E402
+import engine  # noqa: E402
+from tests.fuzz import gen, harness, program, runner  # noqa: E402
 
 # (backend, seeds): about 60 s together on 2 cores, plus a few seconds of shrinking per failure
 CASES = [("eager", range(0, 60)), ("aot_eager", range(1000, 1050)), ("inductor", range(2000, 2008))]
@@ -101,6 +102,18 @@ def test_fuzz_matches_eager(backend, seeds, tmp_path):
         pytest.fail(f"{len(bad)} of {len(results)} fuzz programs ({backend}) give results that differ from eager:\n"
                     + "\n".join(parts), pytrace=False)
     assert results, "the generator made no programs"
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fuzz_with_the_backward_inside_the_compiled_call_matches_eager(backend, tmp_path, monkeypatch):
+    """`--backward-inside`: each program runs its own backward (loss.backward() traced into
+    the graph where the engine can, engine/capture/backward.py); grads and outputs as eager's."""
+    monkeypatch.setattr(program, "BACKWARD_INSIDE", True)
+    with engine.config.patch(backward_in_graph=True):
+        results = runner.fuzz(backend, list(range(950000, 950016)), out=str(tmp_path), shrink_budget=8.0,
+                              log=lambda s: None)
+    bad = [f"seed {r.seed}: {r.engine.line()}" for r in results if r.engine.category not in ("pass", "noise")]
+    assert results and not bad, bad
 
 
 def _perturbed(fn, change):

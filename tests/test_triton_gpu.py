@@ -640,3 +640,35 @@ def test_a_wrapper_loaded_before_the_cpp_launcher_was_built_switches_to_it(monke
         assert_close(fn(x, w), _layer(x, w) - 1, 1e-4)
     assert all(type(la.fast).__name__ == "Launch" for la in new)
     assert {type(v).__name__ for k, v in vars(mod).items() if k.startswith("_alloc_")} == {"Alloc"}
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_training_step_with_its_backward_in_the_graph_matches_eager(mode):
+    """forward, loss.backward(), AdamW and zero_grad in one compiled function under bf16
+    autocast: the backward is traced into the forward's graph (capture/backward.py); three
+    steps give eager's losses and parameters (to bf16 rounding), with CUDA graphs too."""
+    import copy
+    from bench_gpu import Block
+    torch.manual_seed(0)
+    ref = Block(64, 4).to(DEV)
+    mine = copy.deepcopy(ref)
+    ref_opt, opt = torch.optim.AdamW(ref.parameters(), lr=1e-3), torch.optim.AdamW(mine.parameters(), lr=1e-3)
+
+    def step(m, o, x):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(x).float().square().mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    with engine.config.patch(backward_in_graph=True):
+        compiled = engine.compile(step, mode=mode)
+        for i in range(3):
+            x = torch.randn(2, 32, 64, device=DEV, generator=torch.Generator(DEV).manual_seed(i))
+            want = step(ref, ref_opt, x)
+            got = compiled(mine, opt, x)
+            torch.testing.assert_close(got, want.detach(), rtol=2e-2, atol=1e-3)
+        for (n, p), q in zip(mine.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-2, atol=2e-3, msg=lambda m: f"{n}: {m}")
+        assert not any("backward" in b.reason for b in engine.explain(step)(mine, opt, x).break_reasons)

@@ -19,6 +19,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import observe
 
 from .errors import AOTAutogradError, BackwardTraceError
+from .fused_backward import rematerialize
 from .inputs import LiftedParams, TensorSpec, call_key, lift_parameters, make_fake, placement_key, spec_of
 from .metadata import GraphMeta, collect_metadata, mark_hidden_mutations
 from .mincut import min_cut_saved
@@ -179,13 +180,16 @@ class AOTCompiled:
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
         training = grad_enabled and any(isinstance(s, TensorSpec) and s.requires_grad for s in specs)
+        # loss.backward() inside the graph (capture/backward.py): traced with autograd on, its
+        # results detached: one graph, forward and backward, compiled as an inference graph
+        in_graph_backward = bool(self.gm.meta.get("backward_in_graph")) and grad_enabled
         inputs_alias = any(a != i for i, a in enumerate(aliases))
         observe.log("aot", logging.DEBUG, "compiling for %d inputs (%d lifted parameters/buffers), %s",
                     len(flat), len(self.lifted.getters), "training" if training else "inference")
         with observe.stage("aot_collect_metadata"):
             try:
-                meta = collect_metadata(self.gm, self.lifted, fakes, self.num_user, fake_mode, training,
-                                        inputs_alias)
+                meta = collect_metadata(self.gm, self.lifted, fakes, self.num_user, fake_mode,
+                                        training or in_graph_backward, inputs_alias)
             except AOTAutogradError as exc:
                 reason = _effectful_op(exc)
                 if reason is None:
@@ -209,11 +213,21 @@ class AOTCompiled:
         fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
         if training:
             return self._build_training(tracer, meta, fakes, flat, gid)
-        return self._build_inference(tracer, meta, fakes, gid, inputs_alias)
+        free = {i for i, a in enumerate(flat) if isinstance(a, torch.nn.Parameter)} if in_graph_backward else None
+        return self._build_inference(tracer, meta, fakes, gid, inputs_alias, free)
 
-    def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int, inputs_alias: bool):
+    def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int, inputs_alias: bool,
+                         backward_free: Optional[set] = None):
+        """`backward_free`: the graph runs its own backward (capture/backward.py); the
+        positions of the parameters among its inputs, for the partitioner."""
         with observe.stage("aot_trace_inference_graph"):
-            traced = tracer.trace_inference(fakes)
+            traced = tracer.trace_inference(fakes, autograd=backward_free is not None)
+        if backward_free is not None:
+            with observe.stage("aot_partition", partitioner=self.config.partitioner):
+                traced = rematerialize(traced, backward_free, self.config.partitioner)
+            observe.log("aot", logging.DEBUG, "graph %d runs its own backward: forward and backward partitioned "
+                        "(%s ops recomputed after the tangent) and joined in one graph", gid,
+                        traced.meta.get("recomputed_after_backward", "no"))
         graph = extract(traced, placeholders(traced), output_nodes(traced), "inference",
                         keep=runtime_checks(traced.graph))
         observe.emit("aot_inference_graph", {"title": f"===== Inference graph {gid} ====="},

@@ -83,14 +83,19 @@ class Tracer:
             observe.log("aot", logging.DEBUG, "common subexpressions: %d repeated calls merged", merged)
         return traced
 
-    def trace_inference(self, fakes: list) -> torch.fx.GraphModule:
+    def trace_inference(self, fakes: list, autograd: bool = False) -> torch.fx.GraphModule:
+        """`autograd`: the graph calls the backward itself (loss.backward() in the graph):
+        traced with grad mode on and the inputs requiring grad as they do, so that the
+        backward is traced from the forward's autograd graph, as the joint trace does."""
         def inference(primals):
             with exclude_functionalize_key():
                 f_args = [to_fun(a) for a in primals]
-                with torch.no_grad():
+                with torch.enable_grad() if autograd else torch.no_grad():
                     outs = self.forward_outputs(f_args)
             return [from_fun(o) for o in outs]
 
+        if autograd:
+            return self.make_fx(inference, list(fakes))
         # The inputs as they are without autograd: a graph that turns grad mode back on
         # (`with no_grad():` in the user's code) would otherwise meet autograd's checks on
         # views made under the trace's own no_grad.

@@ -22,6 +22,7 @@ from . import numpy_ops, scalars
 from .autocast import AutocastExit
 from .runtime import GradModeExit
 from .graph_breaks import GraphBreak
+from .source import AttrSource
 from ..shapes.symbolic import has_symbolic, python_expr
 from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
@@ -255,6 +256,10 @@ class CodeGen:
                     plans.append(f"delattr({src}, {name!r})")
             else:
                 raise GraphBreak("GB0017", f"mutation of {type(vt).__name__}")
+        for leaf, v in out.grads.values():    # .grad set by the frame (a backward in the graph, `p.grad = None`)
+            if not (isinstance(v, TensorVariable) and v.source is not None
+                    and v.source.name() == AttrSource(leaf.source, "grad").name()):
+                plans.append(f"{leaf.source.name()}.grad = {self.expr(v)}")
         for (_, _name), (src, v) in out.global_stores.items():
             plans.append(f"{src.name()} = {self.expr(v)}")
         for fn, args, kwargs in out.deferred_calls:

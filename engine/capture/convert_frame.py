@@ -32,7 +32,7 @@ from .output_graph import OutputGraph
 from .pyversion import call_ex_callable_index, null_slot_of_method_load, split_call
 from .runtime import CacheEntry, CompileOptions, FrameCache, frame_id_for, run_function, trampoline_for
 from .source import GlobalSource, LocalSource
-from . import numpy_ops, runtime, scalars
+from . import backward, numpy_ops, runtime, scalars
 from .variables import CellVariable, ConstantVariable, NullVariable, TensorVariable, WithExitVariable
 
 _compiled_fn_counter = [0]
@@ -206,6 +206,7 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
     }
     attempt = 0
     breakpoint: Optional[BreakPoint] = None
+    eager_backward: set = set()    # (code, offset) of backwards left to autograd (capture/backward.py)
     restart_time = 0.0
     entry = None
     try:
@@ -225,7 +226,13 @@ def convert_frame(fn, L: dict, G: dict, options: CompileOptions, cache: FrameCac
                                      lambda: bc.format_code(code, regions=False), log="bytecode")
                 t_attempt = time.time()
                 with observe.stage("entire_frame_compile", fn_name=code.co_name):
-                    result = _attempt(fn, L, G, options, breakpoint, cid, metrics, reported)
+                    result = _attempt(fn, L, G, options, breakpoint, cid, metrics, reported, eager_backward)
+                if isinstance(result, backward.BackwardEscapes):
+                    observe.log("dynamo", logging.DEBUG, "Restarting analysis: a result of the graph needs "
+                                "autograd after loss.backward(); the backward is left to autograd")
+                    eager_backward |= result.sites
+                    attempt += 1
+                    continue
                 if isinstance(result, BreakPoint):
                     observe.log("dynamo", logging.DEBUG, "Restarting analysis due to a graph break at offset %s: %s",
                                 result.offset, result.gb.message())
@@ -291,10 +298,11 @@ def _top_frame(fn, L, G, breakpoint):
     return out, frame
 
 
-def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, reported=None):
+def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, reported=None, eager_backward=()):
     code = fn.__code__
     try:
         out, frame = _top_frame(fn, L, G, breakpoint)
+        out.eager_backward = set(eager_backward)
     except GraphBreak as gb:
         # an input the capture cannot even wrap: run eagerly
         gb.user_stack = gb.user_stack or [(code.co_filename, code.co_firstlineno, code.co_name, "")]
@@ -327,6 +335,8 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
     except resume_mod.ResumeUnsupported as exc:
         observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
         return None
+    except backward.BackwardEscapes as exc:
+        return exc
     except (Unsupported, InternalCompilerError, BackendCompilerFailed):
         raise
     except Exception as exc:
@@ -437,11 +447,14 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     for _fn, a, k in out.deferred_calls:
         needed.extend(a)
         needed.extend(k.values())
+    needed.extend(v for _leaf, v in out.grads.values())
     # graph outputs: every tensor reachable from what is needed that the graph computed
     outputs: list = []
     seen = set()
     for vt in needed:
         _collect_tensors(vt, outputs, seen, set())
+    if out.backward_nodes and backward.escaping(out, outputs):
+        raise backward.BackwardEscapes(set(out.backward_sites))
     output_nodes = []
     for t in outputs:
         if isinstance(t, ConstantVariable):  # a captured scalar (.item()): the graph outputs it
@@ -464,11 +477,14 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     compiled_name = None
     ns_graph = {}
     if op_count > 0:
-        graph.output(tuple(n for n in output_nodes))
+        results = tuple(output_nodes)
+        if out.backward_nodes:     # after loss.backward() in the graph, its results need no autograd graph
+            results = tuple(_detached(out, n) if _requires_grad(n) else n for n in output_nodes)
+        graph.output(results)
         _compiled_fn_counter[0] += 1
         compiled_name = f"__compiled_fn_{_compiled_fn_counter[0]}"
         gm = torch.fx.GraphModule(_GraphRoot(out.constant_tensors), graph)
-        gm.meta = {"compiled_name": compiled_name}
+        gm.meta = {"compiled_name": compiled_name, "backward_in_graph": bool(out.backward_nodes)}
         shapes.insert_runtime_asserts(gm, out.fake_mode.shape_env, compiled_name)
         placeholders = [n for n in graph.nodes if n.op == "placeholder"]
         input_sources = [n.meta["source"] for n in placeholders]
@@ -563,6 +579,18 @@ def _source_lookup(out):
         return None
     namespace = {"L": values[0], "G": values[1], "sys": sys}
     return lambda source: eval(source, namespace)
+
+
+def _detached(out, node):
+    new = out.graph.call_function(torch.Tensor.detach, (node,))
+    with out.fake_mode:
+        new.meta["example_value"] = new.meta["val"] = node.meta["example_value"].detach()
+    return new
+
+
+def _requires_grad(node) -> bool:
+    val = node.meta.get("example_value")
+    return isinstance(val, torch.Tensor) and val.requires_grad
 
 
 def _collect_tensors(vt, acc, seen, visiting):

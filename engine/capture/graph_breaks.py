@@ -53,8 +53,11 @@ KINDS: list[GraphBreakKind] = [
     GraphBreakKind(
         "GB0007", "Tensor.backward() / autograd API call",
         "Calling the autograd engine from inside a captured region is not traced; it runs "
-        "eagerly between graphs.",
-        "Compile the forward and loss only and call `loss.backward()` outside, or accept the break."),
+        "eagerly between graphs. A plain `loss.backward()` is traced into the graph when "
+        "`engine.config.backward_in_graph` is on; the reason says why one was not.",
+        "Accept the break (the compiled backward runs behind autograd), set "
+        "`engine.config.backward_in_graph = True` (docs/training.md), or compile the forward "
+        "and loss only and call `loss.backward()` outside."),
     GraphBreakKind(
         "GB0008", "Operator has a data-dependent output shape",
         "The output shape of the operator depends on tensor values (e.g. `nonzero`, boolean "

@@ -29,7 +29,7 @@ from ..guards.program import module_class_is_plain
 from ..shapes.symbolic import TYPE_FUNCTIONS, as_plain_types, has_symbolic, needs_specializing, specialize
 from .. import config
 from . import bytecode as bc
-from . import higher_order, numpy_ops, optimizers, scalars
+from . import backward, higher_order, numpy_ops, optimizers, scalars
 from .pyversion import V, split_call
 from .builder import CONSTANT_TYPES, is_constant_value, wrap_constant
 from .graph_breaks import GraphBreak
@@ -1414,10 +1414,7 @@ class Frame:
         if name in TENSOR_GRAPH_ATTRS:
             return self.tensor_call("call_function", getattr, [t, ConstantVariable(name)], {})
         if name == "grad":
-            if t.source is None:
-                raise GraphBreak("GB0011", ".grad of a tensor computed in the graph")
-            real = self._real_of(t)
-            return self.out.builder.wrap(real.grad, AttrSource(t.source, "grad"))
+            return backward.grad_of(self, t)
         if name in ("grad_fn", "_base", "_version", "output_nr", "_cdata"):
             raise GraphBreak("GB0011", f"Tensor.{name}")
         if name == "__class__":
@@ -1669,6 +1666,9 @@ class Frame:
             self.out.note_mutation(obj)
             return
         if isinstance(obj, TensorVariable):
+            if name == "grad":
+                backward.set_grad(self.out, obj, value)
+                return
             raise GraphBreak("GB0017", f"attribute store Tensor.{name}")
         raise GraphBreak("GB0017", f"attribute store on {type(obj).__name__}")
 
@@ -1729,6 +1729,8 @@ class Frame:
             flag = self.as_python(args[0] if args else kwargs.get("requires_grad", ConstantVariable(True)))
             if bool(flag) == t.fake.requires_grad:
                 return t   # already so (a hook's output.requires_grad_(True) on an activation): nothing happens
+        if name == "backward":
+            return backward.trace(self, t, args, kwargs)
         if name in TENSOR_METHOD_BREAKS:
             gb = TENSOR_METHOD_BREAKS[name]
             if name in ("item", "tolist") and config.capture_scalar_outputs and not args and not kwargs:

@@ -146,6 +146,13 @@ class OutputGraph:
         self.mutated: list[VariableTracker] = []        # existing lists/dicts/objects mutated, in order
         self.global_stores: dict = {}             # (id(globals), name) -> (source, value)
         self.deferred_calls: list = []           # reorderable logging calls, replayed after the graph
+        # loss.backward() in the graph (capture/backward.py): the .grad each tensor input has now
+        # (id(input) -> (input, value)), the autograd nodes the backwards consumed, and where they
+        # were called; the (code, offset) of backwards to leave to autograd in this capture
+        self.grads: dict = {}
+        self.backward_nodes: set = set()
+        self.backward_sites: set = set()
+        self.eager_backward: set = set()
         self.output_index: dict = {}
         self.grad_enabled = torch.is_grad_enabled()
         self.initial_grad_enabled = self.grad_enabled
@@ -207,6 +214,8 @@ class OutputGraph:
         self.mutated.clear()
         self.global_stores.clear()
         self.deferred_calls.clear()
+        self.grads.clear()
+        self.backward_nodes.clear()
         self.current_frame = None
 
     def remember(self, value, vt) -> None:

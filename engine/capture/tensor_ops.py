@@ -123,7 +123,7 @@ def is_torch_op(fn) -> bool:
 # Tensor methods that never go in a graph.
 TENSOR_METHOD_BREAKS = {
     "item": "GB0004", "tolist": "GB0004", "numpy": "GB0010", "__bool__": "GB0010", "__int__": "GB0010",
-    "__float__": "GB0010", "__index__": "GB0010", "backward": "GB0007", "register_hook": "GB0007",
+    "__float__": "GB0010", "__index__": "GB0010", "register_hook": "GB0007",
     "retain_grad": "GB0007", "data_ptr": "GB0010", "cpu_numpy": "GB0010", "__array__": "GB0010",
     "untyped_storage": "GB0011", "storage": "GB0011", "share_memory_": "GB0011", "pin_memory": "GB0011",
     "record_stream": "GB0011", "__reduce_ex__": "GB0011", "__setstate__": "GB0011", "apply_": "GB0011",

@@ -168,7 +168,7 @@ def lower_and_schedule(gm, example_inputs):
 
     graph_inputs = {b.name for b in g.inputs if b is not None}
     user_ops = {n.name: n.meta["fx_origins"] for n in gm.graph.nodes if n.meta.get("fx_origins")}
-    sched = schedule(g.nodes, output_buffers(g), graph_inputs, g.write_back, user_ops)
+    sched = schedule(g.nodes, output_buffers(g), graph_inputs, g.write_back, user_ops, g.backward_starts)
     g.mutated_inputs |= {t for n, t in sched.reuse.items() if t in graph_inputs}   # written in place
     observe.emit("artifact", {"name": "schedule", "encoding": "string"},
                  lambda: "\n".join(sched.log), log="schedule")

@@ -4,7 +4,7 @@ node (lowerings.py); ops without a lowering become extern kernels that call aten
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Optional
 
 import sympy
 import torch
@@ -12,6 +12,7 @@ import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 
+from ..backward_ops import TANGENT_MARK
 from ..exact_values import compared_with_its_extreme
 from . import values as V
 from .index import contiguous_strides, index_var, numel
@@ -111,6 +112,7 @@ class GraphLowering:
         self.gm = gm
         self.example_inputs = list(example_inputs)
         self.nodes: list = []                 # ComputedBuffer | ExternKernel, program order
+        self.backward_starts: Optional[int] = None   # in self.nodes: loss.backward() in the graph
         self.inputs: list[InputBuffer] = []
         self.input_nodes: dict = {}           # input buffer name -> its placeholder
         self.alias_buffers: set = set()       # outputs of extern view ops (they share their argument's memory)
@@ -155,6 +157,8 @@ class GraphLowering:
             elif node.op == "get_attr":
                 self.env[node] = self._constant(node)
             elif node.op == "call_function":
+                if node.meta.get("custom") == TANGENT_MARK:   # the graph's own backward starts here
+                    self.backward_starts = len(self.nodes)
                 self._note_chain(node)
                 self.env[node] = self._call(node, LOWERINGS)
             elif node.op == "output":

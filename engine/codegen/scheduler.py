@@ -262,15 +262,19 @@ def _initial(name: str, buf: ComputedBuffer) -> KernelBuilder:
 
 
 def schedule(nodes: list, output_buffers: set, graph_inputs: set, write_back: Optional[dict] = None,
-             user_ops: Optional[dict] = None) -> Schedule:
+             user_ops: Optional[dict] = None, barrier: Optional[int] = None) -> Schedule:
     """write_back: buffer -> the graph input whose new value it is (stored in that input's
     memory where no later read needs the old value). user_ops: aten node name -> the user's
-    ops it came from (the captured graph's node names), which kernels are named after."""
+    ops it came from (the captured graph's node names), which kernels are named after.
+    barrier: the position in `nodes` where a graph's own backward starts (its loss's
+    tangent): no node from there on joins a kernel before it. A recomputation the
+    partitioner put in the backward (a weight's bf16 cast) would otherwise join its twin in
+    the forward as a sibling and keep its result alive from the forward on."""
     with observe.stage("scheduling"):
-        return _schedule(nodes, output_buffers, graph_inputs, write_back or {}, user_ops or {})
+        return _schedule(nodes, output_buffers, graph_inputs, write_back or {}, user_ops or {}, barrier)
 
 
-def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops) -> Schedule:
+def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops, barrier=None) -> Schedule:
     steps: list = []           # KernelBuilder | ExternKernel
     producer_step: dict = {}   # buffer -> step index
     decisions: list[str] = []
@@ -294,7 +298,10 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops) -> Sche
             return {o.name for o in s.outputs} | s.mutates
         return {m.name for m in s.members}
 
-    for node in nodes:
+    floor = 0                  # the first step a node may join (past the barrier: the backward's first)
+    for k, node in enumerate(nodes):
+        if k == barrier:
+            floor = len(steps)
         if isinstance(node, ExternKernel):
             steps.append(node)
             for name in step_writes(node):
@@ -305,7 +312,7 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops) -> Sche
             continue
         reads = node.reads()
         dep_steps = [producer_step[r] for r in reads if r in producer_step]
-        earliest = max(dep_steps, default=-1)
+        earliest = max(max(dep_steps, default=-1), floor - 1)
         placed = False
         later_writes: set = set()    # what steps i+1.. write
         for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):

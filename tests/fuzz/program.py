@@ -61,6 +61,44 @@ class ModuleSpec:
     forward: list                 # statements of forward(self, t) before `return h`
 
 
+# `--backward-inside`: each program's fn is wrapped by one that runs the backward itself
+# (`loss.backward()` in the compiled call, engine.config.backward_in_graph) and returns its
+# outputs detached; the harness then finds no output to backward through and reads the grads.
+BACKWARD_INSIDE = False
+_BACKWARD_INSIDE_SRC = """
+
+def _tensors_of(v):
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors_of(x)]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _tensors_of(x)]
+    return []
+
+
+def _detached(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_detached(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _detached(x) for k, x in v.items()}
+    return v
+
+
+_forward = fn
+
+
+def fn(*args):  # --backward-inside: the backward runs inside the (compiled) call
+    out = _forward(*args)
+    roots = [t for t in _tensors_of(out) if t.requires_grad and t.is_floating_point()]
+    if roots:
+        sum(t.sum() for t in roots).backward()
+    return _detached(out)
+"""
+
+
 @dataclass
 class Program:
     seed: int
@@ -115,7 +153,7 @@ class Program:
         for st in self.body:
             lines += ["    " + x for x in st.split("\n")]
         lines.append("    return " + (ret if ret is not None else self.ret_source()))
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + (_BACKWARD_INSIDE_SRC if BACKWARD_INSIDE else "")
 
     def calls_source(self):
         out = [f"GLOBALS = {[g.name for g in self.globals]!r}"]

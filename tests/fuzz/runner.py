@@ -39,7 +39,7 @@ import torch
 # the runner reports them itself
 logging.getLogger("torch").setLevel(logging.CRITICAL)
 
-from . import gen, harness
+from . import gen, harness, program
 
 CATEGORIES = ("pass", "noise", "wrong", "stale", "crash", "eager-error")
 
@@ -364,7 +364,9 @@ def repro_source(prog, impl, backend, outcome):
     head = [f'"""Fuzz repro (tests/fuzz): seed {prog.seed}, {impl} backend={backend!r}.',
             f"{outcome.line()}", "",
             "Run from the repository root: python THIS_FILE.py   (--torch: torch.compile instead of engine.compile)", '"""',
-            "import engine  # noqa: F401  (before torch)", "import torch", "", f"BACKEND = {backend!r}",
+            "import engine  # noqa: F401  (before torch)", "import torch", "",
+            *(["engine.config.backward_in_graph = True  # --backward-inside", ""] if program.BACKWARD_INSIDE else []),
+            f"BACKEND = {backend!r}",
             "", "# the program: exec'd once for eager and once for the compiled function",
             f"SRC = r{q}" + src + q, "", "# each call builds its inputs (and globals, module) in the program's namespace ns",
             prog.calls_source(), HARNESS_SRC, REPRO_MAIN]
@@ -482,8 +484,13 @@ def main(argv=None):
     ap.add_argument("--minutes", type=float, default=None,
                     help="start no program after this many minutes; results and summary cover what finished")
     ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)   # for workers: time.time()
+    ap.add_argument("--backward-inside", action="store_true",
+                    help="run each program's backward inside the compiled call (engine.config.backward_in_graph)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    if args.backward_inside:
+        program.BACKWARD_INSIDE = True
+        engine.config.backward_in_graph = True
     if args.show:
         prog, _ = gen.generate(args.seed)
         print(prog.source())
