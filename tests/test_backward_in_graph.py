@@ -111,6 +111,15 @@ def test_a_first_gradient_takes_its_parameters_strides(backend):
     assert ours_m.w.grad.stride() == eager_m.w.grad.stride() == (1, 3)
 
 
+def eager_and_compiled(fn, backend):
+    """fn on one batch, eagerly and compiled, each on its own copy of the model:
+    (eager's result, the compiled result, eager's model, the compiled one's, the batch)."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    x, y = batches(1)[0]
+    return fn(eager_m, x, y), engine.compile(fn, backend=backend)(ours_m, x, y), eager_m, ours_m, (x, y)
+
+
 def grad_norm_after_backward(model, x, y):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
@@ -122,14 +131,10 @@ def grad_norm_after_backward(model, x, y):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grads_read_and_cleared_after_the_backward_in_the_same_graph(backend):
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    x, y = batches(1)[0]
-    want = grad_norm_after_backward(eager_m, x, y)
-    got = engine.compile(grad_norm_after_backward, backend=backend)(ours_m, x, y)
+    want, got, _, ours_m, batch = eager_and_compiled(grad_norm_after_backward, backend)
     torch.testing.assert_close(got[1], want[1])
     assert all(p.grad is None for p in ours_m.parameters())
-    assert break_reasons(grad_norm_after_backward, ours_m, x, y) == []
+    assert break_reasons(grad_norm_after_backward, ours_m, *batch) == []
 
 
 def backward_then_forward(model, x, y):
@@ -140,18 +145,14 @@ def backward_then_forward(model, x, y):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_result_that_still_needs_autograd_leaves_the_backward_to_autograd(backend):
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    x, y = batches(1)[0]
-    want = backward_then_forward(eager_m, x, y)
-    got = engine.compile(backward_then_forward, backend=backend)(ours_m, x, y)
+    want, got, eager_m, ours_m, batch = eager_and_compiled(backward_then_forward, backend)
     torch.testing.assert_close(got, want)
     assert got.requires_grad          # as eager's: a later backward through it works
     got.sum().backward()
     want.sum().backward()
     for a, b in zip(ours_m.parameters(), eager_m.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
-    reasons = break_reasons(backward_then_forward, ours_m, x, y)
+    reasons = break_reasons(backward_then_forward, ours_m, *batch)
     assert any("Tensor.backward()" in r and "still needs autograd" in r for r in reasons), reasons
 
 

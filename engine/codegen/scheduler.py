@@ -312,7 +312,7 @@ def _schedule(nodes, output_buffers, graph_inputs, write_back, user_ops, barrier
             continue
         reads = node.reads()
         dep_steps = [producer_step[r] for r in reads if r in producer_step]
-        earliest = max(max(dep_steps, default=-1), floor - 1)
+        earliest = max(max(dep_steps, default=-1), floor)
         placed = False
         later_writes: set = set()    # what steps i+1.. write
         for i in range(len(steps) - 1, max(earliest, 0) - 1, -1):

@@ -4,6 +4,7 @@ engine and torch.compile are measured side by side in one run, against eager:
 
     .venv/bin/python tests/bench/bench_train_step.py [--device cuda --dtype bfloat16]
         [--models GPT2LMHeadModel,...] [--backend inductor] [--steps 10] [--checkpoint]
+        [--backward-in-graph]
 
 Per model: graphs and graph breaks (ours, torch's), the largest parameter difference from
 eager after the steps (bf16 autocast: rounding of the order of the learning rate is
@@ -66,7 +67,10 @@ def main() -> None:
     ap.add_argument("--models", default="GPT2LMHeadModel,BertForMaskedLM,LlamaForCausalLM")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--checkpoint", action="store_true")
+    ap.add_argument("--backward-in-graph", action="store_true",
+                    help="ours with engine.config.backward_in_graph: loss.backward() traced into the graph")
     args = ap.parse_args()
+    engine.config.backward_in_graph = args.backward_in_graph
     dtype = getattr(torch, args.dtype)
     print(f"{'model':36} {'graphs ours/torch':>17} {'breaks':>8} {'max |dparam| ours/torch':>24} "
           f"{'eager ms':>9} {'ours ms':>8} {'torch ms':>9} {'eager/ours':>10} {'eager/torch':>11}")
