@@ -57,9 +57,12 @@ _LITERAL_TYPES = (int, str, bool, type(None), bytes)
 
 
 class CodeGen:
-    def __init__(self, out, output_index: dict):
+    def __init__(self, out, output_index: dict, shared=None):
         self.out = out
         self.output_index = output_index  # fx node -> index in the graph's output tuple
+        # the graph call's SharedPrefixes (guards/chains.py): a source its arguments read is a
+        # name bound there (`___p17`), not its attribute path walked again
+        self.shared = shared
         self.ns: dict[str, Any] = {"___new_object": _new_object, "___make_cell": _make_cell, "___bind": _bind,
                                    "___FunctionType": types.FunctionType, "___identity": lambda v: v,
                                    "___always": lambda v: True, "torch": torch}
@@ -259,7 +262,8 @@ class CodeGen:
         for leaf, v in out.grads.values():    # .grad set by the frame (a backward in the graph, `p.grad = None`)
             if not (isinstance(v, TensorVariable) and v.source is not None
                     and v.source.name() == AttrSource(leaf.source, "grad").name()):
-                plans.append(f"{leaf.source.name()}.grad = {self.expr(v)}")
+                target = self.shared.expression(leaf.source.name()) if self.shared else leaf.source.name()
+                plans.append(f"{target}.grad = {self.expr(v)}")
         for (_, _name), (src, v) in out.global_stores.items():
             plans.append(f"{src.name()} = {self.expr(v)}")
         for fn, args, kwargs in out.deferred_calls:

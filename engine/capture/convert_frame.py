@@ -520,10 +520,11 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     else:
         out.output_index = {}
         graph_call = None
+        shared = None
         metrics["graph_op_count"] = 0
         metrics["graph_node_count"] = 0
         metrics["graph_input_count"] = 0
-    cg = CodeGen(out, out.output_index)
+    cg = CodeGen(out, out.output_index, shared)
     cg.ns.update(ns_graph)
     if graph_call:
         cg.emit("call_graph", graph_call)
