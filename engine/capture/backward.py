@@ -46,10 +46,9 @@ def trace(tx, t: TensorVariable, args: list, kwargs: dict):
     if why:
         raise GraphBreak("GB0007", f"Tensor.backward(): {why}")
     leaves, nodes = _leaves(t.fake)
-    for _src, real, vt in out.inputs:
+    for _src, _real, vt in out.inputs:
         if vt.fake.grad_fn is not None and vt.fake.grad_fn in nodes:
-            raise GraphBreak("GB0007", f"Tensor.backward() continues into the autograd graph of {vt.source.name()}, "
-                                       "computed before the compiled region")
+            raise _into_history(vt)
     if nodes & out.backward_nodes:
         raise GraphBreak("GB0007", "Tensor.backward() through a graph a backward already ran through "
                                    "(autograd raises: its saved tensors are freed)")
@@ -62,8 +61,7 @@ def trace(tx, t: TensorVariable, args: list, kwargs: dict):
                                        "requires_grad=True: its gradient has nowhere to go but autograd")
         vt, real = found
         if not real.is_leaf:
-            raise GraphBreak("GB0007", f"Tensor.backward() continues into the autograd graph of {vt.source.name()}, "
-                                       "computed before the compiled region")
+            raise _into_history(vt)
         if real._backward_hooks or getattr(real, "_post_accumulate_grad_hooks", None):
             raise GraphBreak("GB0007", f"Tensor.backward() with hooks on {vt.source.name()}")
         if real.grad is not None and (type(real.grad) is not torch.Tensor or real.grad.layout != torch.strided):
@@ -81,6 +79,11 @@ def trace(tx, t: TensorVariable, args: list, kwargs: dict):
         else:
             set_grad(out, leaf, tx.tensor_call("call_function", like_param, [g, leaf], {}))
     return ConstantVariable(None)
+
+
+def _into_history(vt: TensorVariable) -> GraphBreak:
+    return GraphBreak("GB0007", f"Tensor.backward() continues into the autograd graph of {vt.source.name()}, "
+                                "computed before the compiled region")
 
 
 def _declined(tx, t: TensorVariable, args: list, kwargs: dict, where) -> str:
