@@ -224,3 +224,14 @@ def test_the_joined_graph_peaks_no_higher_than_the_partitioned_pair():
             return peak_bytes(lambda: fn(m, x))
 
     assert peak(True) <= peak(False) * 1.01
+
+
+def test_fullgraph_compiles_a_forward_and_backward_and_names_the_line_when_it_cannot():
+    model = make_model()
+    x, y = batches(1)[0]
+    engine.compile(accumulate, fullgraph=True)(model, x, y)      # one graph: no break at the backward
+    assert all(p.grad is not None for p in model.parameters())
+    engine.reset()
+    with engine.config.patch(backward_in_graph=False), pytest.raises(engine.Unsupported) as err:
+        engine.compile(accumulate, fullgraph=True)(model, x, y)
+    assert "loss.backward()" in str(err.value) and "backward_in_graph is off" in str(err.value)
