@@ -26,8 +26,12 @@ from .trace import JointLayout, output_nodes, placeholders
 
 
 def tangent_node(gm: torch.fx.GraphModule) -> Optional[torch.fx.Node]:
+    """The one node the mark is on, made from the loss (`ones_like(loss)`); None otherwise
+    (a decomposition that makes it otherwise leaves the graph as traced)."""
     marked = [n for n in gm.graph.nodes if n.meta.get("custom") == TANGENT_MARK]
-    return marked[0] if len(marked) == 1 else None
+    if len(marked) != 1 or not marked[0].args or not isinstance(marked[0].args[0], torch.fx.Node):
+        return None
+    return marked[0]
 
 
 def rematerialize(traced: torch.fx.GraphModule, free: set, partitioner: str = "min_cut") -> torch.fx.GraphModule:
