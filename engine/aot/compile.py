@@ -30,7 +30,10 @@ from .runtime import EagerFallback, InferenceEntry, TrainingEntry
 from .trace import Tracer, output_nodes, placeholders
 
 Compiler = Callable[[torch.fx.GraphModule, list], Callable]
-PARTITIONERS = ("default", "min_cut")
+# partitioner -> what it saves of a joint graph's parts, given the primals that are
+# parameters (free to save: alive anyway)
+SAVERS = {"default": lambda parts, free: default_saved(parts), "min_cut": min_cut_saved}
+PARTITIONERS = tuple(SAVERS)
 _graph_ids = itertools.count()
 
 
@@ -213,8 +216,8 @@ class AOTCompiled:
         fakes = [make_fake(s, fake_mode) if isinstance(s, TensorSpec) else a for s, a in zip(specs, flat)]
         if training:
             return self._build_training(tracer, meta, fakes, flat, gid)
-        free = {i for i, a in enumerate(flat) if isinstance(a, torch.nn.Parameter)} if in_graph_backward else None
-        return self._build_inference(tracer, meta, fakes, gid, inputs_alias, free)
+        return self._build_inference(tracer, meta, fakes, gid, inputs_alias,
+                                     _parameters(flat) if in_graph_backward else None)
 
     def _build_inference(self, tracer: Tracer, meta: GraphMeta, fakes: list, gid: int, inputs_alias: bool,
                          backward_free: Optional[set] = None):
@@ -224,7 +227,7 @@ class AOTCompiled:
             traced = tracer.trace_inference(fakes, autograd=backward_free is not None)
         if backward_free is not None:
             with observe.stage("aot_partition", partitioner=self.config.partitioner):
-                traced = rematerialize(traced, backward_free, self.config.partitioner)
+                traced = rematerialize(traced, backward_free, SAVERS[self.config.partitioner])
             observe.log("aot", logging.DEBUG, "graph %d runs its own backward: forward and backward partitioned "
                         "(%s ops recomputed after the tangent) and joined in one graph", gid,
                         traced.meta.get("recomputed_after_backward", "no"))
@@ -259,8 +262,8 @@ class AOTCompiled:
         with observe.stage("aot_partition", partitioner=self.config.partitioner):
             try:
                 parts = joint_parts(joint, layout)
-                free = {p for p, a in zip(parts.primals, flat) if isinstance(a, torch.nn.Parameter)}
-                choices = {"default": default_saved(parts), "min_cut": min_cut_saved(parts, free)}
+                free = {parts.primals[i] for i in _parameters(flat)}
+                choices = {name: saver(parts, free) for name, saver in SAVERS.items()}
                 mutated = frozenset(parts.primals[i] for i in meta.mutated_inputs)
                 splits = {name: split(joint, parts, saved, mutated) for name, saved in choices.items()}
             except AOTAutogradError:
@@ -362,6 +365,11 @@ def _data_dependent_sizes(gm: torch.fx.GraphModule) -> Optional[str]:
                 return (f"{node.name} has a data-dependent size ({syms}): graphs with data-dependent "
                         f"output shapes run their captured ops")
     return None
+
+
+def _parameters(flat: list) -> set:
+    """The positions of the nn.Parameters among a graph's inputs."""
+    return {i for i, a in enumerate(flat) if isinstance(a, torch.nn.Parameter)}
 
 
 def _example_values(gm: torch.fx.GraphModule) -> list:

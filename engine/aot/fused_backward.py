@@ -20,8 +20,7 @@ import torch
 import torch.fx
 
 from ..backward_ops import TANGENT_MARK
-from .mincut import min_cut_saved
-from .partition import default_saved, joint_parts, split
+from .partition import joint_parts, split
 from .trace import JointLayout, output_nodes, placeholders
 
 
@@ -34,10 +33,11 @@ def tangent_node(gm: torch.fx.GraphModule) -> Optional[torch.fx.Node]:
     return marked[0]
 
 
-def rematerialize(traced: torch.fx.GraphModule, free: set, partitioner: str = "min_cut") -> torch.fx.GraphModule:
-    """`traced` with the forward values its backward reads chosen by the partitioner (saved
-    or recomputed after the tangent); `free`: the placeholder positions of parameters (alive
-    anyway, free to save). Returned unchanged when it has no single marked tangent."""
+def rematerialize(traced: torch.fx.GraphModule, free: set, saver) -> torch.fx.GraphModule:
+    """`traced` with the forward values its backward reads chosen by the partitioner's
+    `saver(parts, free_primals)` (saved or recomputed after the tangent); `free`: the
+    placeholder positions of parameters (alive anyway, free to save). Returned unchanged
+    when it has no single marked tangent."""
     tangent = tangent_node(traced)
     if tangent is None:
         return traced
@@ -67,8 +67,7 @@ def rematerialize(traced: torch.fx.GraphModule, free: set, partitioner: str = "m
     layout = JointLayout(num_primals=len(prims), num_tangents=1, num_forward_outputs=len(fw_outs), grad_inputs=[])
     parts = joint_parts(joint, layout)
     free_nodes = {parts.primals[i] for i in free if i < len(parts.primals)}
-    saved = min_cut_saved(parts, free_nodes) if partitioner == "min_cut" else default_saved(parts)
-    pair = split(joint, parts, saved)
+    pair = split(joint, parts, saver(parts, free_nodes))
 
     # joined again: forward, the tangent (of the forward's loss), backward
     graph = torch.fx.Graph()
