@@ -10,6 +10,7 @@ import torch.nn as nn
 
 import engine
 from engine_helpers import fresh_engine  # noqa: F401 (fresh_engine: autouse)
+from test_training import OPTIMIZERS
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
 
@@ -60,6 +61,81 @@ def test_a_training_step_with_its_backward_in_the_graph_matches_eager(backend):
     assert not any("backward" in r for r in break_reasons(train_step, ours_m, ours_opt, *batches(1)[0]))
     # the loss comes back detached: autograd's graph behind it is spent
     assert not got.requires_grad
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", OPTIMIZERS, ids=[f"{k}-{'-'.join(o)}" for k, o in OPTIMIZERS])
+def test_the_whole_step_forward_backward_update_and_zeroing_is_one_graph(backend, kind, options):
+    """After a backward in the graph, `opt.step()` and `opt.zero_grad()` are traced into the
+    same graph: one graph per step, no break; parameters, optimizer state and `.grad`s as
+    eager's after every step."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    eager_opt, ours_opt = (getattr(torch.optim, kind)(m.parameters(), **options) for m in (eager_m, ours_m))
+    step = engine.compile(train_step, backend=backend)
+    for x, y in batches(3):
+        torch.testing.assert_close(step(ours_m, ours_opt, x, y), train_step(eager_m, eager_opt, x, y).detach())
+        for a, b in zip(ours_m.parameters(), eager_m.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            assert a.grad is None and b.grad is None
+            for key, value in eager_opt.state[b].items():
+                # (centered RMSprop divides by a near-zero variance: its momentum is far larger than its step)
+                torch.testing.assert_close(ours_opt.state[a][key], value, rtol=1e-4, atol=1e-5)
+    report = engine.explain(train_step)(ours_m, ours_opt, *batches(1)[0])
+    assert (report.graph_count, report.break_reasons) == (1, [])
+
+
+def step_keeping_zeroed_grads(model, opt, x, y):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return loss
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_optimizer_step_traced_after_the_backward_may_keep_its_grads(backend):
+    """zero_grad(set_to_none=False) stays eager (a break after the step): the `.grad`s the
+    graph made are written back, then zeroed in place, as eager's are."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    eager_opt = torch.optim.AdamW(eager_m.parameters(), lr=1e-2)
+    ours_opt = torch.optim.AdamW(ours_m.parameters(), lr=1e-2)
+    step = engine.compile(step_keeping_zeroed_grads, backend=backend)
+    for x, y in batches(3):
+        step(ours_m, ours_opt, x, y)
+        step_keeping_zeroed_grads(eager_m, eager_opt, x, y)
+    for a, b in zip(ours_m.parameters(), eager_m.parameters()):
+        torch.testing.assert_close(a, b)
+        assert a.grad is not None and not a.grad.any() and b.grad is not None
+    reasons = break_reasons(step_keeping_zeroed_grads, ours_m, ours_opt, *batches(1)[0])
+    assert len(reasons) == 1 and "zero_grad" in reasons[0]
+
+
+def test_an_optimizer_with_step_hooks_or_a_scheduler_wrapping_its_step():
+    """A step hook keeps `opt.step()` a break (the hook runs eagerly, once per step); an LR
+    scheduler's wrapper of `opt.step` is traced through (one graph); both match eager."""
+    for kind in ("hook", "scheduler"):
+        eager_m = make_model()
+        ours_m = copy.deepcopy(eager_m)
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager_m, ours_m)]
+        calls = []
+        for o in opts:
+            if kind == "hook":
+                o.register_step_pre_hook(lambda opt, args, kwargs: calls.append(opt))
+            else:
+                o.scheduler = torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
+        step = engine.compile(train_step)
+        for x, y in batches(3):
+            torch.testing.assert_close(step(ours_m, opts[1], x, y), train_step(eager_m, opts[0], x, y).detach())
+        for a, b in zip(ours_m.parameters(), eager_m.parameters()):
+            torch.testing.assert_close(a, b)
+        reasons = break_reasons(train_step, ours_m, opts[1], *batches(1)[0])
+        if kind == "hook":
+            assert [o is opts[1] for o in calls] == [True, False] * 3 + [True]   # ours runs first in each pair
+            assert len(reasons) == 1 and "step" in reasons[0]
+        else:
+            assert reasons == [] and opts[1]._opt_called
 
 
 def accumulate(model, x, y):
@@ -193,6 +269,18 @@ def test_off_by_default_the_break_says_how_to_turn_it_on():
     with engine.config.patch(backward_in_graph=False):
         reasons = break_reasons(accumulate, model, x, y)
     assert any("backward_in_graph is off" in r for r in reasons), reasons
+
+
+def test_off_zero_grad_is_still_traced_and_the_step_compiles_apart():
+    """With the backward left to autograd, the step is a break (its inner step a graph of its
+    own) and `opt.zero_grad()` sets each `.grad` to None from generated code, no break."""
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with engine.config.patch(backward_in_graph=False):
+        engine.compile(train_step)(model, opt, *batches(1)[0])
+        reasons = break_reasons(train_step, model, opt, *batches(1)[0])
+    assert len(reasons) == 2 and "backward" in reasons[0] and "step" in reasons[1], reasons
+    assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 6   # 3 layers: weights, biases
 
 
 def test_the_joined_graph_peaks_no_higher_than_the_partitioned_pair():

@@ -482,3 +482,19 @@ def test_a_view_made_under_no_grad_whose_base_changed_in_place_crosses_a_break(b
     for k in want:      # compared detached: autograd refuses these views in eager too
         torch.testing.assert_close(got[k].detach(), want[k].detach())
     torch.testing.assert_close(x2.detach(), x1.detach())
+
+
+def test_a_profiler_range_changes_no_value_and_breaks_no_graph():
+    """`with torch.profiler.record_function(name):` around traced code: one graph, eager's
+    values (the range itself is not recorded inside compiled code, as under torch.compile)."""
+    def f(x):
+        with torch.profiler.record_function("scale"):
+            y = x.sin() * 2
+        with torch.autograd.profiler.record_function("shift") as rf:
+            y = y + 1
+        return y, rf is not None
+
+    x = torch.randn(4, 3)
+    report = engine.explain(f)(x)
+    assert (report.graph_count, report.break_reasons) == (1, [])
+    assert same(engine.compile(f, backend="eager")(x), f(x))

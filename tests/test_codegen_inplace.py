@@ -99,7 +99,23 @@ def no_grad_programs():
         x.add_(x.sum())             # the sum of the new x: a reduction before the update
         return x.clone()
 
-    return [add_inplace, old_value_read_after, flipped, transposed, read_by_extern_after, two_updates]
+    def read_by_extern_before(x):
+        y = x @ x                   # a matmul reads the old x, then x is updated: as an optimizer
+        x.mul_(0.5).add_(y[0, 0])   # after the backward's matmuls (written in x's memory)
+        return y
+
+    def viewed_by_extern_before(x):
+        v = x.t().contiguous()[0]   # a view of a copy; the copy, not x, lives on in v
+        x.add_(1)
+        return v * 1
+
+    def both_sides_of_an_update(x):
+        a = x @ x.t()
+        x.sub_(0.25)
+        return a, x @ x             # read before and after: the new x must not land while a reads x
+
+    return [add_inplace, old_value_read_after, flipped, transposed, read_by_extern_after, two_updates,
+            read_by_extern_before, viewed_by_extern_before, both_sides_of_an_update]
 
 
 @pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
@@ -124,6 +140,20 @@ def test_an_input_read_at_other_elements_is_not_overwritten_while_read():
         engine.compile(no_grad_programs()[2], backend="inductor")(x)
     torch.testing.assert_close(x, want)
     assert "written in its memory" not in "\n".join(sched)
+
+
+def test_an_input_a_matmul_read_before_its_update_is_written_in_place():
+    """A whole training step's graph reads each weight in its matmuls, forward and backward,
+    then updates it: the new value is stored where the weight is, not in a buffer copied
+    back after the graph."""
+    x = torch.randn(6, 6)
+    want = x.clone()
+    with logs("schedule") as sched, torch.no_grad():
+        got = engine.compile(no_grad_programs()[6], backend="inductor")(x)
+        expected = no_grad_programs()[6](want)
+    torch.testing.assert_close(x, want)
+    torch.testing.assert_close(got, expected)
+    assert "written in its memory" in "\n".join(sched), sched
 
 
 def test_the_triton_emitter_writes_inputs_in_place_too():

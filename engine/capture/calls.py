@@ -32,8 +32,8 @@ from .source import GetItemSource, ModuleGlobalSource, AttrSource
 from .tensor_ops import PURE_MODULES, convertible, is_torch_op
 from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable, ListVariable,
-                        NestedFunctionVariable, ObjectVariable, PartialVariable, SetVariable, SuperVariable,
-                        TensorVariable, TupleVariable)
+                        NestedFunctionVariable, ObjectVariable, PartialVariable, ProfilerRangeVariable, SetVariable,
+                        SuperVariable, TensorVariable, TupleVariable)
 
 CO_VARARGS = inspect.CO_VARARGS
 CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
@@ -94,6 +94,9 @@ def call_python_function(tx, fn, args, kwargs, source):
     special = SPECIAL_FUNCTIONS.get(fn)
     if special is not None:
         return special(tx, args, kwargs)
+    if fn is torch.optim.Optimizer.zero_grad and args and isinstance(args[0], ObjectVariable) and \
+            _set_to_none(tx, args[1:], kwargs):
+        return inline_user_function(tx, optimizers.grads_to_none, args[:1], {}, None)
     if args and isinstance(args[0], ObjectVariable) and optimizers.is_init_group(fn, args[0].value):
         optimizers.prepare_init_group(tx, fn, args)  # creates the state on the first step; traced below
     if fn in _MODULE_CALLS and args and isinstance(args[0], ObjectVariable) and \
@@ -108,7 +111,10 @@ def call_python_function(tx, fn, args, kwargs, source):
         if collectives.is_process_query(fn) and all(tx.is_python_constant(a) for a in args) and \
                 all(tx.is_python_constant(v) for v in kwargs.values()):
             return tx.const_apply(fn, [tx.as_python(a) for a in args], {k: tx.as_python(v) for k, v in kwargs.items()})
-        if runtime.is_optimizer_step_wrapper(fn):
+        if runtime.is_optimizer_step_wrapper(fn) and args and isinstance(args[0], ObjectVariable):
+            inner = runtime.optimizer_step_target(types.MethodType(fn, args[0].value), args[1:], kwargs)
+            if inner is not None and tx.out.backward_nodes:
+                return optimizers.inline_step(tx, args[0], inner)
             raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__} (its inner step compiles as a graph "
                                        "of its own: engine/capture/runtime.optimizer_step)")
         raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
@@ -119,6 +125,12 @@ def call_python_function(tx, fn, args, kwargs, source):
     if fn.__code__.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
         raise GraphBreak("GB0011", "coroutine")
     return inline_user_function(tx, fn, args, kwargs, source)
+
+
+def _set_to_none(tx, args, kwargs) -> bool:
+    """zero_grad's `set_to_none` argument is a constant True (its default)."""
+    flag = args[0] if args else kwargs.get("set_to_none", ConstantVariable(True))
+    return len(args) + len(kwargs) <= 1 and tx.is_python_constant(flag) and tx.as_python(flag) is True
 
 
 def defer_logging_call(tx, fn, args, kwargs):
@@ -383,6 +395,10 @@ def call_object(tx, fnv: ObjectVariable, args, kwargs):
             isinstance(args[0], TensorVariable):
         # Tensor.uniform_(x, ...), Tensor.__radd__(x, 2): the unbound method is the method
         return tx.tensor_method(args[0], fn.__name__, list(args[1:]), kwargs)
+    if isinstance(fn, types.MethodWrapperType) and fn.__name__ == "__get__" and \
+            isinstance(fn.__self__, types.FunctionType) and 1 <= len(args) <= 2 and not kwargs:
+        # `func.__get__(obj, cls)`: func bound to obj (the LR schedulers' wrapper of opt.step)
+        return BoundMethodVariable(args[0], fn.__self__.__name__, fn.__self__)
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType)):
         mod = _module_of(fn) or getattr(getattr(fn, "__self__", None), "__name__", "")
@@ -578,6 +594,8 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
         return GradModeVariable(bool(mode), prev, True)
     if cls is torch.inference_mode:
         raise GraphBreak("GB0011", "torch.inference_mode")
+    if cls is torch.autograd.profiler.record_function:
+        return ProfilerRangeVariable(str(tx.as_python(args[0] if args else kwargs.get("name", ""))))
     if cls is functools.partial and args:
         return PartialVariable(args[0], args[1:], kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):

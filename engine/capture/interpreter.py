@@ -41,7 +41,7 @@ from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS,
 from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, PartialVariable,
-                        SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
+                        ProfilerRangeVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 from .variables import ClassStatementVariable, UnbuiltClassVariable
 
 MAX_INLINE_DEPTH = 48
@@ -848,6 +848,10 @@ class Frame:
                 ctx.prev = self.out.grad_enabled
                 self.out.set_grad_enabled(ctx.target)
             self.push(ConstantVariable(None))
+            return
+        if isinstance(ctx, ProfilerRangeVariable):
+            self.push(WithExitVariable(ctx))
+            self.push(ctx)  # record_function.__enter__ returns the object
             return
         if isinstance(ctx, AutocastVariable):
             entered = AutocastVariable(ctx.block, self.out.enter_autocast(ctx.block), entered_in_graph=True)
@@ -1802,6 +1806,8 @@ class Frame:
                 return ConstantVariable(None)
             if isinstance(ctx, AutocastVariable):
                 self.out.exit_autocast(ctx.block, ctx.prev, ctx.entered_in_graph)
+                return ConstantVariable(None)
+            if isinstance(ctx, ProfilerRangeVariable):
                 return ConstantVariable(None)
             raise GraphBreak("GB0011", "__exit__ of an unknown context manager")
         if higher_order.is_call_variable(fn):  # torch.func.grad(f)(x), vjp_fn(ct)

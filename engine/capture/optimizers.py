@@ -7,6 +7,11 @@
   the first compiled step creates the state exactly as eager's would, later steps guard on it.
   On CUDA a new optimizer's groups become `capturable` first (make_capturable), as
   torch.compile makes them.
+- `opt.step()` after a `loss.backward()` traced into the same graph (capture/backward.py) is
+  traced too (`inline_step`): its gradients are values of the graph, which the real
+  `.grad`s will only hold once the graph has run; and `opt.zero_grad()` (set_to_none) is
+  `p.grad = None` for each parameter (`grads_to_none`). Forward, backward, update and
+  zeroing are one graph: the gradients a step consumes and drops never leave it.
 - `Tensor.addcdiv_/addcmul_(t1, t2, value=<0-d tensor>)` (and `add_(x, alpha=<tensor>)`,
   `torch._foreach_addcdiv_(..., scalars=<tensor>)`): with the step count a tensor (torch's
   optimizers keep it so when compiled), the scale is a tensor; the op takes numbers only
@@ -22,6 +27,7 @@ import torch
 
 from .graph_breaks import GraphBreak
 from .source import KeyedItemSource
+from .variables import TensorVariable
 
 
 def unwrap_dynamo_disabled(fn):
@@ -44,14 +50,50 @@ def is_init_group(fn, obj) -> bool:
 
 
 def prepare_init_group(tx, fn, args) -> None:
-    """Run `opt._init_group(group, [], [], ...)` for real: it creates missing state."""
+    """Run `opt._init_group(group, [], [], ...)` for real: it creates missing state (for the
+    parameters that have a gradient as the frame sees it: set by a backward in the graph, the
+    real `.grad` stands in with a placeholder meanwhile)."""
     opt = args[0].value
     group = _real(tx, opt.param_groups, args[1])
     if group is None:
         raise GraphBreak("GB0011", f"{type(opt).__name__}._init_group on a param group the capture cannot find")
     real_args = [[] for _ in args[2:]]
-    with torch.no_grad():
-        fn(opt, group, *real_args)
+    placeholders = []
+    for vt, value in tx.out.grads.values():
+        real = tx._real_of(vt)
+        if isinstance(value, TensorVariable) and real.grad is None and any(p is real for p in group["params"]):
+            # _init_group reads only whether a gradient is there (and its layout), never its values
+            real.grad = torch.empty((), dtype=real.dtype, device=real.device).expand(real.shape)
+            placeholders.append(real)
+    try:
+        with torch.no_grad():
+            fn(opt, group, *real_args)
+    finally:
+        for real in placeholders:
+            real.grad = None
+
+
+def inline_step(tx, opt_vt, inner):
+    """`opt.step()` (its wrappers reduce to `inner` under the optimizer's grad mode, see
+    runtime.optimizer_step_target) traced into the frame's graph, for a frame whose graph
+    ran the backward that made the gradients."""
+    opt = opt_vt.value
+    make_capturable(opt)
+    prev = tx.out.grad_enabled
+    tx.out.set_grad_enabled(bool(opt.defaults["differentiable"]))
+    try:
+        with capturable_in_trace(opt):
+            return tx.call_python_function(inner, [opt_vt], {}, None)
+    finally:
+        tx.out.set_grad_enabled(prev)
+
+
+def grads_to_none(opt) -> None:
+    """What `Optimizer.zero_grad(set_to_none=True)` does to values (its profiler range aside);
+    traced in its place."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            p.grad = None
 
 
 def make_capturable(opt) -> None:

@@ -321,6 +321,17 @@ class GradModeVariable(VariableTracker):
         return torch.set_grad_enabled
 
 
+class ProfilerRangeVariable(VariableTracker):
+    """torch.profiler.record_function(name) as a context manager: a profiler range, which
+    changes no value; the graph has no node for it (as under torch.compile)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def python_type(self):
+        return torch.autograd.profiler.record_function
+
+
 class AutocastVariable(VariableTracker):
     """torch.autocast(...) as a context manager: the block's setting (an AutocastState), and
     once entered the state from before it. `entered_in_graph`: entered by a node of this

@@ -501,6 +501,10 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back, user_ops) 
     # in the result, so it never goes back to the pool (a matmul's operands do)
     extern_aliased = set().union(*[s.reads() | s.mutates for s in final if isinstance(s, ExternKernel)
                                    and _may_alias_its_arguments(s.op)]) if final else set()
+    # what an extern call writes, or may return a view of: a write into its memory is not
+    # ordered by `readers` alone (a matmul's operand, read before, is: its result is fresh)
+    extern_held = extern_aliased | set().union(*[s.reads() | s.mutates for s in final
+                                                 if isinstance(s, ExternKernel) and s.mutates])
     allocations: dict = {}
     frees: dict = {}
     reuse: dict = {}
@@ -526,7 +530,7 @@ def _plan(steps, output_buffers, graph_inputs, decisions, write_back, user_ops) 
         if isinstance(s, FusedKernel):
             for n in sorted(s.stored):
                 target = write_back.get(n)
-                if target is not None and _write_back_ok(s, n, target, readers, i, extern_read):
+                if target is not None and _write_back_ok(s, n, target, readers, i, extern_held):
                     s.storage[n] = target
                     reuse[n] = target
                     decisions.append(f"{s.name}: {n} is the new value of input {target}: written in its memory")
@@ -592,11 +596,13 @@ def _may_alias_its_arguments(op) -> bool:
     return schema is None or op in UNDECLARED_VIEWS or any(r.alias_info is not None for r in schema.returns)
 
 
-def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_read) -> bool:
-    """Whether `name` may be stored in graph input `target`'s memory: no later step and no
-    extern call reads the input, and in this kernel it is read only at the element being
-    written, by members computed no later than `name`."""
-    if target in extern_read or max(readers.get(target, {step})) > step:
+def _write_back_ok(fk: FusedKernel, name, target, readers, step, extern_held) -> bool:
+    """Whether `name` may be stored in graph input `target`'s memory: no later step reads the
+    input, no extern call writes it or may return a view of it (`extern_held`; one that only
+    read it before, a matmul of the forward or backward reading a weight its optimizer then
+    updates, may), and in this kernel it is read only at the element being written, by
+    members computed no later than `name`."""
+    if target in extern_held or max(readers.get(target, {step})) > step:
         return False
     order = {m.name: k for k, m in enumerate(fk.members)}
     me = next(m for m in fk.members if m.name == name)
