@@ -85,6 +85,38 @@ def test_the_whole_step_forward_backward_update_and_zeroing_is_one_graph(backend
     assert (report.graph_count, report.break_reasons) == (1, [])
 
 
+def clipped_step(model, opt, x, y):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+    opt.step()
+    opt.zero_grad()
+    return loss, norm
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backward_in_graph", [True, False])
+def test_gradient_clipping_is_traced_between_the_backward_and_the_step(backend, backward_in_graph):
+    """clip_grad_norm_ (foreach norms of the new `.grad`s, then an in-place scale): traced,
+    with the backward in the graph into the step's one graph; with it left to autograd, into
+    the graph after the backward's break. The norm and the clipped updates are eager's."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    eager_opt = torch.optim.AdamW(eager_m.parameters(), lr=1e-2)
+    ours_opt = torch.optim.AdamW(ours_m.parameters(), lr=1e-2)
+    with engine.config.patch(backward_in_graph=backward_in_graph):
+        step = engine.compile(clipped_step, backend=backend)
+        for x, y in batches(3):
+            got, want = step(ours_m, ours_opt, x, y), clipped_step(eager_m, eager_opt, x, y)
+            torch.testing.assert_close(got, tuple(t.detach() for t in want))
+            assert want[1] > 0.05      # the clipping changes the step
+        for a, b in zip(ours_m.parameters(), eager_m.parameters()):
+            torch.testing.assert_close(a, b)
+        reasons = break_reasons(clipped_step, ours_m, ours_opt, *batches(1)[0])   # (one more step)
+    assert not any("clip_grad" in r for r in reasons), reasons
+    assert reasons == [] if backward_in_graph else len(reasons) == 2
+
+
 def step_keeping_zeroed_grads(model, opt, x, y):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
@@ -312,6 +344,38 @@ def test_the_joined_graph_peaks_no_higher_than_the_partitioned_pair():
             return peak_bytes(lambda: fn(m, x))
 
     assert peak(True) <= peak(False) * 1.01
+
+
+def test_a_whole_step_in_one_graph_peaks_no_higher_than_the_step_in_three():
+    """Forward, backward, AdamW and zero_grad in one graph: each weight, read by the matmuls
+    of the forward and backward, is updated in its own memory (not in a new buffer copied
+    back after the graph, a copy of every weight alive at once), and the gradients the step
+    consumes never become `.grad`s."""
+    from codegen_helpers import peak_bytes
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 256))
+    x = torch.randn(64, 256)
+
+    def step(m, o, x):
+        loss = m(x).square().mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+
+    def peak(in_graph):
+        engine.reset()
+        m = copy.deepcopy(model)
+        o = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True)
+        with engine.config.patch(backward_in_graph=in_graph):
+            fn = engine.compile(step, backend="inductor")
+            for _ in range(2):
+                fn(m, o, x)
+            return peak_bytes(lambda: fn(m, o, x))
+
+    joined, split = peak(True), peak(False)
+    assert joined <= split, (joined, split)
 
 
 def test_fullgraph_compiles_a_forward_and_backward_and_names_the_line_when_it_cannot():

@@ -58,9 +58,10 @@ def _inlinable_torch(fn) -> bool:
     if fn is torch.utils.checkpoint.checkpoint_sequential:
         return True  # plain Python over checkpoint(), which the capture traces (capture/checkpoint.py)
     # torch.utils._contextlib, torch.amp.autocast_mode: `@torch.no_grad()`, `@torch.autocast(...)` as decorators
-    # torch.masked and torch.signal.windows: Python over torch ops, traced as torch.compile traces them
-    return mod.startswith(("torch.nn.modules", "torch.nn.utils.parametrize", "torch.masked", "torch.signal",
-                           "torch._lowrank", "torch._linalg_utils")) or \
+    # torch.masked and torch.signal.windows: Python over torch ops, traced as torch.compile traces them;
+    # torch.nn.utils.clip_grad: clip_grad_norm_ & co, foreach ops over the .grads
+    return mod.startswith(("torch.nn.modules", "torch.nn.utils.parametrize", "torch.nn.utils.clip_grad", "torch.masked",
+                           "torch.signal", "torch._lowrank", "torch._linalg_utils")) or \
         mod in ("torch.nn.parameter", "torch.utils._foreach_utils", "torch.utils._contextlib", "torch.amp.autocast_mode")
 
 
@@ -1343,6 +1344,7 @@ def torch_check(tx, args, kwargs):
 
 
 SPECIAL_FUNCTIONS[torch._check] = torch_check
+SPECIAL_FUNCTIONS[torch._C._group_tensors_by_device_and_dtype] = optimizers.group_by_device_and_dtype
 
 
 def _module_conversion(fn):

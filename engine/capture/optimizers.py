@@ -88,6 +88,27 @@ def inline_step(tx, opt_vt, inner):
         tx.out.set_grad_enabled(prev)
 
 
+def group_by_device_and_dtype(tx, args, kwargs):
+    """torch._C._group_tensors_by_device_and_dtype(tensorlistlist, with_indices) over traced
+    lists (clip_grad_norm_ and the foreach helpers call it): the lists' tensors grouped by the
+    first list's devices and dtypes, known from the fake tensors."""
+    from .variables import ConstantVariable, DictVariable, ListVariable, TupleVariable
+    lists = args[0] if args else kwargs["tensorlistlist"]
+    with_indices = tx.as_python(args[1] if len(args) > 1 else kwargs.get("with_indices", ConstantVariable(False)))
+    if not isinstance(lists, (ListVariable, TupleVariable)) or \
+            not all(isinstance(lst, (ListVariable, TupleVariable)) for lst in lists.items):
+        raise GraphBreak("GB0011", "_group_tensors_by_device_and_dtype on something other than lists of tensors")
+    firsts = lists.items[0].items if lists.items else []
+    groups: dict = {}
+    for i, t in enumerate(firsts):
+        if not isinstance(t, TensorVariable):
+            raise GraphBreak("GB0011", "_group_tensors_by_device_and_dtype with a first list that is not all tensors")
+        groups.setdefault((t.fake.device, t.fake.dtype), []).append(i)
+    return DictVariable({key: TupleVariable([
+        ListVariable([ListVariable([lst.items[i] for i in idx]) for lst in lists.items]),
+        ListVariable([ConstantVariable(i) for i in idx] if with_indices else [])]) for key, idx in groups.items()})
+
+
 def grads_to_none(opt) -> None:
     """What `Optimizer.zero_grad(set_to_none=True)` does to values (its profiler range aside);
     traced in its place."""
