@@ -26,6 +26,13 @@ def make_model():
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
 
 
+def twins(optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2)):
+    """The model twice, eager's and ours, each with its own optimizer."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    return eager_m, ours_m, optimizer(eager_m.parameters()), optimizer(ours_m.parameters())
+
+
 def train_step(model, opt, x, y):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
@@ -45,10 +52,7 @@ def break_reasons(fn, *args):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_training_step_with_its_backward_in_the_graph_matches_eager(backend):
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    eager_opt = torch.optim.AdamW(eager_m.parameters(), lr=1e-2)
-    ours_opt = torch.optim.AdamW(ours_m.parameters(), lr=1e-2)
+    eager_m, ours_m, eager_opt, ours_opt = twins()
     step = engine.compile(train_step, backend=backend)
     for x, y in batches(4):
         want = train_step(eager_m, eager_opt, x, y)
@@ -69,9 +73,7 @@ def test_the_whole_step_forward_backward_update_and_zeroing_is_one_graph(backend
     """After a backward in the graph, `opt.step()` and `opt.zero_grad()` are traced into the
     same graph: one graph per step, no break; parameters, optimizer state and `.grad`s as
     eager's after every step."""
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    eager_opt, ours_opt = (getattr(torch.optim, kind)(m.parameters(), **options) for m in (eager_m, ours_m))
+    eager_m, ours_m, eager_opt, ours_opt = twins(lambda ps: getattr(torch.optim, kind)(ps, **options))
     step = engine.compile(train_step, backend=backend)
     for x, y in batches(3):
         torch.testing.assert_close(step(ours_m, ours_opt, x, y), train_step(eager_m, eager_opt, x, y).detach())
@@ -100,10 +102,7 @@ def test_gradient_clipping_is_traced_between_the_backward_and_the_step(backend, 
     """clip_grad_norm_ (foreach norms of the new `.grad`s, then an in-place scale): traced,
     with the backward in the graph into the step's one graph; with it left to autograd, into
     the graph after the backward's break. The norm and the clipped updates are eager's."""
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    eager_opt = torch.optim.AdamW(eager_m.parameters(), lr=1e-2)
-    ours_opt = torch.optim.AdamW(ours_m.parameters(), lr=1e-2)
+    eager_m, ours_m, eager_opt, ours_opt = twins()
     with engine.config.patch(backward_in_graph=backward_in_graph):
         step = engine.compile(clipped_step, backend=backend)
         for x, y in batches(3):
@@ -129,10 +128,7 @@ def step_keeping_zeroed_grads(model, opt, x, y):
 def test_an_optimizer_step_traced_after_the_backward_may_keep_its_grads(backend):
     """zero_grad(set_to_none=False) stays eager (a break after the step): the `.grad`s the
     graph made are written back, then zeroed in place, as eager's are."""
-    eager_m = make_model()
-    ours_m = copy.deepcopy(eager_m)
-    eager_opt = torch.optim.AdamW(eager_m.parameters(), lr=1e-2)
-    ours_opt = torch.optim.AdamW(ours_m.parameters(), lr=1e-2)
+    eager_m, ours_m, eager_opt, ours_opt = twins()
     step = engine.compile(step_keeping_zeroed_grads, backend=backend)
     for x, y in batches(3):
         step(ours_m, ours_opt, x, y)

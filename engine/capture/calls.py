@@ -596,7 +596,7 @@ def call_class(tx, clsv: ObjectVariable, args, kwargs):
     if cls is torch.inference_mode:
         raise GraphBreak("GB0011", "torch.inference_mode")
     if cls is torch.autograd.profiler.record_function:
-        return ProfilerRangeVariable(str(tx.as_python(args[0] if args else kwargs.get("name", ""))))
+        return ProfilerRangeVariable()
     if cls is functools.partial and args:
         return PartialVariable(args[0], args[1:], kwargs)
     if issubclass(cls, torch.amp.autocast_mode.autocast):

@@ -41,7 +41,8 @@ from .tensor_ops import (BINARY_OPS, COMPARE_OPS, INPLACE_TO_OUT, PURE_BUILTINS,
 from .variables import (NULL, AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
                         ListVariable, NestedFunctionVariable, NullVariable, ObjectVariable, PartialVariable,
-                        ProfilerRangeVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
+                        ProfilerRangeVariable, SetVariable, SuperVariable, TensorVariable, TupleVariable,
+                        VariableTracker, WithExitVariable)
 from .variables import ClassStatementVariable, UnbuiltClassVariable
 
 MAX_INLINE_DEPTH = 48

@@ -27,7 +27,7 @@ import torch
 
 from .graph_breaks import GraphBreak
 from .source import KeyedItemSource
-from .variables import TensorVariable
+from .variables import ConstantVariable, DictVariable, ListVariable, TensorVariable, TupleVariable
 
 
 def unwrap_dynamo_disabled(fn):
@@ -92,7 +92,6 @@ def group_by_device_and_dtype(tx, args, kwargs):
     """torch._C._group_tensors_by_device_and_dtype(tensorlistlist, with_indices) over traced
     lists (clip_grad_norm_ and the foreach helpers call it): the lists' tensors grouped by the
     first list's devices and dtypes, known from the fake tensors."""
-    from .variables import ConstantVariable, DictVariable, ListVariable, TupleVariable
     lists = args[0] if args else kwargs["tensorlistlist"]
     with_indices = tx.as_python(args[1] if len(args) > 1 else kwargs.get("with_indices", ConstantVariable(False)))
     if not isinstance(lists, (ListVariable, TupleVariable)) or \
@@ -183,7 +182,6 @@ _ADDED = {"add_": "add_", "add": "add", "sub_": "sub_", "sub": "sub"}
 def scaled_by_tensor(tx, name: str, args, kwargs):
     """self.addcdiv_(t1, t2, value=v) / self.add_(other, alpha=v) with a tensor v (ASGD);
     None when v is not a tensor."""
-    from .variables import TensorVariable
     if name in _ADDED and isinstance(kwargs.get("alpha"), TensorVariable) and len(args) == 2 and \
             set(kwargs) == {"alpha"}:
         term = tx.tensor_call("call_function", torch.mul, [args[1], kwargs["alpha"]], {})
@@ -208,7 +206,6 @@ def foreach_scaled_by_tensor(tx, fn, args, kwargs):
     """torch._foreach_addcdiv_(self, t1, t2, scalars) with `scalars` a 1-D tensor (Adam's
     foreach step stacks its step sizes into one when compiled): the op's fake kernel wants
     those on the CPU, so the trace computes self + (t1 / t2) * scalars[i] with tensor ops."""
-    from .variables import ListVariable, TensorVariable
     pair = _FOREACH_SCALED.get(fn) if isinstance(fn, type(torch._foreach_add_)) else None
     scalars = args[3] if len(args) == 4 else kwargs.get("scalars")
     if pair is None or not isinstance(scalars, TensorVariable) or len(args) + len(kwargs) != 4:

@@ -325,9 +325,6 @@ class ProfilerRangeVariable(VariableTracker):
     """torch.profiler.record_function(name) as a context manager: a profiler range, which
     changes no value; the graph has no node for it (as under torch.compile)."""
 
-    def __init__(self, name: str):
-        self.name = name
-
     def python_type(self):
         return torch.autograd.profiler.record_function
 
