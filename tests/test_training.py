@@ -419,7 +419,12 @@ def test_the_first_compiled_step_creates_the_state_eager_would():
     assert float(opt.state[model.weight]["step"]) == 1.0
 
 
-def test_an_lr_scheduler_changing_a_tensor_lr_does_not_recompile(events):
+@pytest.mark.parametrize("backward_in_graph", [False, True])
+def test_an_lr_scheduler_changing_a_tensor_lr_does_not_recompile(events, backward_in_graph, monkeypatch):
+    """With the backward in the graph the step is traced through the scheduler's wrapper of
+    `opt.step` (`func.__get__(opt)`, a new method object on every read: its guard is on the
+    function it binds)."""
+    monkeypatch.setattr(engine.config, "backward_in_graph", backward_in_graph)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
     twin = copy.deepcopy(model)

@@ -175,6 +175,14 @@ class Builder:
             vt = ObjectVariable(value, source)
             out.remember(value, vt)
             return vt
+        if isinstance(value, (types.MethodWrapperType, types.BuiltinMethodType)) and \
+                not isinstance(value.__self__, (types.ModuleType, type, type(None))):
+            # a builtin method bound to an object (`func.__get__`, `lst.append`) is new on every
+            # attribute read too: guard the object it binds
+            out.add_guard("ID_MATCH", AttrSource(source, "__self__"), value.__self__)
+            vt = ObjectVariable(value, source)
+            out.remember(value, vt)
+            return vt
         if isinstance(value, (type, types.ModuleType, types.BuiltinFunctionType, types.MethodType,
                               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType,
                               types.MethodDescriptorType, types.ClassMethodDescriptorType)) or \
