@@ -116,6 +116,16 @@ def test_gradient_clipping_is_traced_between_the_backward_and_the_step(backend, 
     assert reasons == [] if backward_in_graph else len(reasons) == 2
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(6))
+def test_random_training_steps_match_eager(backend, seed):
+    """tests/fuzz/training_steps.py: a random model, optimizer, param groups, frozen
+    parameters, micro-batches, clipping and zero_grad (`python -m tests.fuzz.training_steps`
+    runs more seeds)."""
+    from fuzz.training_steps import check
+    check(seed + 7000, backend, OPTIMIZERS)
+
+
 def step_keeping_zeroed_grads(model, opt, x, y):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
