@@ -116,8 +116,10 @@ def call_python_function(tx, fn, args, kwargs, source):
             inner = runtime.optimizer_step_target(types.MethodType(fn, args[0].value), args[1:], kwargs)
             if inner is not None and tx.out.backward_nodes:
                 return optimizers.inline_step(tx, args[0], inner)
-            raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__} (its inner step compiles as a graph "
-                                       "of its own: engine/capture/runtime.optimizer_step)")
+            why = ("its inner step compiles as a graph of its own: engine/capture/runtime.optimizer_step; with "
+                   "the backward in the graph (engine.config.backward_in_graph) the step joins that graph"
+                   if inner is not None else "step hooks or arguments: the step runs eagerly")
+            raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__} ({why})")
         raise GraphBreak("GB0012", f"{_module_of(fn)}.{fn.__qualname__}")
     mod = _module_of(fn).split(".")[0]
     if mod in PURE_MODULES and all(tx.is_python_constant(a) for a in args) and \
