@@ -58,13 +58,13 @@ def prepare_init_group(tx, fn, args) -> None:
     if group is None:
         raise GraphBreak("GB0011", f"{type(opt).__name__}._init_group on a param group the capture cannot find")
     real_args = [[] for _ in args[2:]]
-    placeholders = []
-    for vt, value in tx.out.grads.values():
-        real = tx._real_of(vt)
-        if isinstance(value, TensorVariable) and real.grad is None and any(p is real for p in group["params"]):
-            # _init_group reads only whether a gradient is there (and its layout), never its values
-            real.grad = torch.empty((), dtype=real.dtype, device=real.device).expand(real.shape)
-            placeholders.append(real)
+    in_group = {id(p) for p in group["params"]}
+    placeholders = [real for real in (tx._real_of(vt) for vt, value in tx.out.grads.values()
+                                      if isinstance(value, TensorVariable))
+                    if real.grad is None and id(real) in in_group]
+    for real in placeholders:
+        # _init_group reads only whether a gradient is there (and its layout), never its values
+        real.grad = torch.empty((), dtype=real.dtype, device=real.device).expand(real.shape)
     try:
         with torch.no_grad():
             fn(opt, group, *real_args)
