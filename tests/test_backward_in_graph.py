@@ -150,30 +150,38 @@ def test_an_optimizer_step_traced_after_the_backward_may_keep_its_grads(backend)
     assert len(reasons) == 1 and "zero_grad" in reasons[0]
 
 
-def test_an_optimizer_with_step_hooks_or_a_scheduler_wrapping_its_step():
-    """A step hook keeps `opt.step()` a break (the hook runs eagerly, once per step); an LR
-    scheduler's wrapper of `opt.step` is traced through (one graph); both match eager."""
-    for kind in ("hook", "scheduler"):
-        eager_m = make_model()
-        ours_m = copy.deepcopy(eager_m)
-        opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (eager_m, ours_m)]
-        calls = []
-        for o in opts:
-            if kind == "hook":
-                o.register_step_pre_hook(lambda opt, args, kwargs: calls.append(opt))
-            else:
-                o.scheduler = torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5)
-        step = engine.compile(train_step)
-        for x, y in batches(3):
-            torch.testing.assert_close(step(ours_m, opts[1], x, y), train_step(eager_m, opts[0], x, y).detach())
-        for a, b in zip(ours_m.parameters(), eager_m.parameters()):
-            torch.testing.assert_close(a, b)
-        reasons = break_reasons(train_step, ours_m, opts[1], *batches(1)[0])
+@pytest.mark.parametrize("kind", ["hook", "scheduler, float lr", "scheduler, tensor lr"])
+def test_an_optimizer_with_step_hooks_or_a_scheduler_wrapping_its_step(kind):
+    """A step hook keeps `opt.step()` a break (the hook runs eagerly, once per step). An LR
+    scheduler's wrapper of `opt.step` is traced through when lr is a tensor (one graph, no
+    recompile as lr changes); with a float lr, which each new value would recompile the whole
+    graph for, the step stays a break that says so. All match eager."""
+    eager_m = make_model()
+    ours_m = copy.deepcopy(eager_m)
+    lr = (lambda: torch.tensor(1e-2)) if kind.endswith("tensor lr") else (lambda: 1e-2)
+    opts = [torch.optim.AdamW(m.parameters(), lr=lr()) for m in (eager_m, ours_m)]
+    calls, scheds = [], []
+    for o in opts:
         if kind == "hook":
-            assert [o is opts[1] for o in calls] == [True, False] * 3 + [True]   # ours runs first in each pair
-            assert len(reasons) == 1 and "step hooks or arguments: the step runs eagerly" in reasons[0]
+            o.register_step_pre_hook(lambda opt, args, kwargs: calls.append(opt))
         else:
-            assert reasons == [] and opts[1]._opt_called
+            scheds.append(torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+    step = engine.compile(train_step)
+    for x, y in batches(3):
+        torch.testing.assert_close(step(ours_m, opts[1], x, y), train_step(eager_m, opts[0], x, y).detach())
+        for s in scheds:
+            s.step()
+    for a, b in zip(ours_m.parameters(), eager_m.parameters()):
+        torch.testing.assert_close(a, b)
+    report = engine.explain(train_step)(ours_m, opts[1], *batches(1)[0])
+    reasons = [b.reason for b in report.break_reasons]
+    if kind == "hook":
+        assert [o is opts[1] for o in calls] == [True, False] * 3 + [True]   # ours runs first in each pair
+        assert len(reasons) == 1 and "step hooks or arguments: the step runs eagerly" in reasons[0]
+    elif kind == "scheduler, float lr":
+        assert len(reasons) == 1 and "LR scheduler changing its float lr" in reasons[0], reasons
+    else:
+        assert (report.graph_count, reasons) == (1, []) and opts[1]._opt_called
 
 
 def accumulate(model, x, y):

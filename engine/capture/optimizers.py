@@ -78,6 +78,13 @@ def inline_step(tx, opt_vt, inner):
     runtime.optimizer_step_target) traced into the frame's graph, for a frame whose graph
     ran the backward that made the gradients."""
     opt = opt_vt.value
+    if getattr(opt.__dict__.get("step"), "_wrapped_by_lr_sched", False) and \
+            any(not isinstance(g.get("lr"), torch.Tensor) for g in opt.param_groups):
+        # a float lr is a constant of the graph, guarded by value: each new value would
+        # recompile the forward and backward with it, not only the step's own graph
+        raise GraphBreak("GB0012", f"{type(opt).__name__}.step with an LR scheduler changing its float lr (a step "
+                                   "in the graph would recompile with every new lr; pass lr=torch.tensor(...) to "
+                                   "keep it in the graph)")
     make_capturable(opt)
     prev = tx.out.grad_enabled
     tx.out.set_grad_enabled(bool(opt.defaults["differentiable"]))
