@@ -100,6 +100,26 @@ def test_a_value_an_unlowered_op_reads_and_the_graph_returns_is_stored_once():
     assert len(masked) == 1 and masked[0].count("] = ") == 1, masked
 
 
+def test_a_loss_gradients_one_hot_is_recomputed_where_it_is_read_not_stored():
+    """The cross entropy's backward builds `-1/n` at each label (from the labels, shifted as
+    a causal LM shifts them) and reads it twice: in the row sums and in the gradient. It
+    reads only tensors far smaller than itself, so each reader recomputes it: no
+    [tokens, vocabulary] float32 buffer is written and read back."""
+    vocab = 1000
+
+    def f(logits, labels):
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        loss = F.cross_entropy(logits.view(-1, vocab), shifted.reshape(-1), ignore_index=-100)
+        return loss, torch.autograd.grad(loss, [logits])[0]
+
+    logits = torch.randn(4, 16, vocab, requires_grad=True)
+    labels = torch.randint(0, vocab, (4, 16))
+    with Capture(logs=["output_code"]) as cap:
+        check(f, logits, labels, rtol=1e-5, atol=1e-6)
+    [code] = cap.texts(log="output_code")
+    assert "empty_strided((64, 1000)" not in code and "empty_strided((4, 16, 1000)" in code, code[-3000:]
+
+
 def test_refused_fusion_says_why():
     # a reduction over dim 0 and a row-wise consumer do not share a loop structure;
     # positive input, so no column sum is near zero and the division stays well conditioned
