@@ -7,6 +7,7 @@ runs each program in numpy."""
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
@@ -124,6 +125,67 @@ def test_a_scalar_read_inside_a_padded_region():
     check(lambda x, s: F.pad(x * s, (0, 3)), torch.randn(4, 5), torch.tensor(2.5))
 
 
+def test_a_padded_rows_per_row_values_are_computed_once_a_row(monkeypatch):
+    """A loss's logits gradient padded to a multiple of 8 columns (GPT-2's 50257 -> 50264)
+    beside the row sums it reads: the row's label, log-sum and count do not depend on the
+    column, so the padding's column mask does not guard their loads; they are computed
+    once a row, before the loop, not once an element behind the mask."""
+    from engine.codegen.triton import kernel
+    monkeypatch.setattr(kernel, "PERSISTENT_MAX", 16)
+    vocab, padded = 21, 24
+
+    def f(logits_p, labels):
+        logits = logits_p[:, :vocab].float()
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        loss = F.cross_entropy(logits.view(-1, vocab), shifted.reshape(-1), ignore_index=-100)
+        grad, = torch.autograd.grad(loss, [logits_p])
+        return loss, grad
+
+    torch.manual_seed(0)
+    logits = torch.randn(12, padded, dtype=torch.bfloat16)
+    logits[:, vocab:] = 0
+    logits.requires_grad_(True)
+    labels = torch.randint(0, vocab, (3, 4))
+    gm = make_fx(f, decomposition_table=decomposition_table())(logits, labels)
+    c = compile_fx_triton(gm, [logits, labels])
+    got, want = c(logits.detach(), labels), f(logits, labels)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-5)
+    src = kernels_of(c)
+    padded_loop = src[src.index(f"for roffset in range(0, {padded}, RBLOCK)"):]
+    padded_loop = padded_loop[:padded_loop.find("tl.store")]
+    assert "tl.log(" not in padded_loop and "p_arg1" not in padded_loop, src
+
+
+def test_masks_still_guard_loads_they_index_or_that_never_run():
+    """A pad over rows and columns still masks a per-row load by its row bounds; a pad of
+    an empty slice (a mask that never holds) keeps every mask."""
+    check(lambda x, w: F.pad(x * w[:, None], (0, 3, 1, 2)), torch.randn(6, 5), torch.randn(6))
+    check(lambda x, s: F.pad(x[:, :0] * s, (2, 3)), torch.randn(4, 5), torch.tensor(2.0))
+
+
+def test_a_mask_holds_somewhere_only_where_evaluating_it_shows_so():
+    from engine.codegen import values as V
+    from engine.codegen.index import index_var
+    from engine.codegen.triton.kernel import _holds_somewhere
+
+    r = index_var("r_test_mask", 10)
+    at = V.index_value
+
+    def vars_of(m):
+        return {r}
+
+    inside = V.op("logical_and", V.op("ge", at(r), at(sympy.Integer(7)), dtype=torch.bool),
+                  V.op("lt", at(r), at(sympy.Integer(9)), dtype=torch.bool), dtype=torch.bool)
+    empty = V.op("ge", at(r), at(sympy.Integer(10)), dtype=torch.bool)
+    assert _holds_somewhere([inside], vars_of)
+    assert not _holds_somewhere([empty], vars_of)
+    assert not _holds_somewhere([inside, V.op("lt", at(r), at(sympy.Integer(7)), dtype=torch.bool)], vars_of)
+    # a range it cannot enumerate: not shown
+    big = index_var("r_test_big", 1 << 30)
+    assert not _holds_somewhere([V.op("ge", at(big), at(sympy.Integer(0)), dtype=torch.bool)], lambda m: {big})
+
+
 # -- reductions ------------------------------------------------------------------------
 @pytest.mark.parametrize("op", ["sum", "amax", "amin", "mean", "var"])
 def test_last_dim_reductions(op):
@@ -197,6 +259,13 @@ def test_softmax_reads_its_input_once():
     assert body.count("tl.store(") == 1, body         # exp() is not written back
 
 
+def test_a_sum_over_a_dim_of_size_one_is_still_a_reduction_kernel():
+    # a Linear's bias gradient at batch 1 (fuzz 970021: the kernel named RBLOCK without
+    # taking it, and did not compile)
+    check(lambda t: t.sum(0), torch.randn(1, 5))
+    check(lambda t: (t * 2).sum(0, keepdim=True) + t, torch.randn(1, 7))
+
+
 def test_looped_reduction_when_the_row_is_long(monkeypatch):
     from engine.codegen.triton import kernel
     monkeypatch.setattr(kernel, "PERSISTENT_MAX", 16)
@@ -265,6 +334,11 @@ def test_bf16_computes_in_fp32_and_stores_bf16():
     b = torch.randn(64, dtype=torch.bfloat16)
     c = check(f, x, w, b, rtol=2e-2, atol=2e-2)
     assert ".to(tl.float32)" in kernels_of(c) and ".to(tl.bfloat16)" in kernels_of(c)
+
+
+def test_float64_square_roots_compile():
+    # tl.sqrt_rn takes fp32 only (fuzz 971078: a float64 norm's kernel did not compile)
+    check(lambda x: torch.sqrt(x.double() * 3) + x.double().norm(), torch.rand(9))
 
 
 def test_fp16_and_float64():

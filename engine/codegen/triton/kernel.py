@@ -30,7 +30,7 @@ import sympy
 import torch
 
 from .. import values as V
-from ..index import IMod, index_var, numel, unflatten
+from ..index import VAR_RANGES, IMod, index_var, numel, unflatten
 from ..index_printer import IndexPrinter
 from ..scheduler import FusedKernel
 from .heuristics import cdiv
@@ -202,6 +202,45 @@ class KernelSource:
     split_slots: int = 0        # a split reduction: fp32 partials per row and split (its reductions)
 
 
+_MASK_OPS = {"ge": lambda a, b: a >= b, "gt": lambda a, b: a > b, "le": lambda a, b: a <= b,
+             "lt": lambda a, b: a < b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+             "logical_and": lambda a, b: a & b, "logical_or": lambda a, b: a | b}
+
+
+def _holds_somewhere(masks: list, vars_of, limit: int = 1 << 22) -> bool:
+    """Whether the conjunction of masks (conditions on index variables: a pad's or a cat's
+    bounds) is true at some point of its variables' ranges, found by evaluating it over
+    all of them; False when that cannot be shown (an unknown op, a dynamic range, too many
+    points)."""
+    import numpy as np
+    syms = sorted(set().union(*[vars_of(m) for m in masks]), key=str)
+    sizes = [VAR_RANGES.get(s) for s in syms]
+    if any(n is None or not sympy.sympify(n).is_Integer for n in sizes) or math.prod(int(n) for n in sizes) > limit:
+        return False
+    grid = np.meshgrid(*[np.arange(int(n)) for n in sizes], indexing="ij", sparse=True) if syms else []
+    env = dict(zip(syms, grid))
+
+    def ev(v):
+        if v.kind == "const" and isinstance(v.extra, (bool, int)):
+            return np.asarray(v.extra)
+        if v.kind == "index":
+            e = sympy.sympify(v.extra)
+            if not all(isinstance(a, (sympy.Symbol, sympy.Integer, sympy.Add, sympy.Mul)) for a in sympy.preorder_traversal(e)):
+                return None
+            return sympy.lambdify(list(env), e, "numpy")(*env.values()) if env else np.asarray(int(e))
+        if v.kind == "op" and v.name in _MASK_OPS and len(v.args) == 2:
+            a, b = ev(v.args[0]), ev(v.args[1])
+            return None if a is None or b is None else _MASK_OPS[v.name](a, b)
+        return None
+    acc = np.asarray(True)
+    for m in masks:
+        val = ev(m)
+        if val is None:
+            return False
+        acc = acc & val
+    return bool(np.any(acc))
+
+
 class _Scope:
     def __init__(self, indent: str):
         self.indent = indent
@@ -227,6 +266,9 @@ class TritonKernel:
         for ph in fk.phases:
             self.loop_vars |= set(ph.inner_vars)
         self.r_vars: set = set()
+        self.mask_values: dict = {}      # emitted mask variable -> the masked region's condition
+        self.needed_masks: dict = {}     # (id(value), mask context) -> the masks its loads need
+        self.vars_memo: dict = {}        # id(value) -> the loop variables it depends on
         for ph in fk.phases:
             self.r_vars |= set(ph.inner_vars)
         self.xflat = sympy.Symbol("xindex", integer=True, nonnegative=True)
@@ -234,8 +276,10 @@ class TritonKernel:
         self.loop_vars |= {self.xflat, self.rflat}
         self.symbols: set = set()
         self._rdefined = None           # inner ranges whose rmask/r vars are defined (persistent)
-        self.reduction = any(ph.inner != () for ph in fk.phases)
-        self.r_numels = [numel(ph.inner) for ph in fk.phases if ph.inner != ()]
+        # a sum over dims of size 1 (a Linear's bias gradient at batch 1) has no inner range
+        # left after squeezing, and is still a reduction: a tile of one column
+        self.reduction = any(ph.inner != () or ph.reduction for ph in fk.phases)
+        self.r_numels = [numel(ph.inner) for ph in fk.phases if ph.inner != () or ph.reduction]
         static = all(n.is_Integer for n in self.r_numels)
         self.x_contiguous = self._x_contiguous()
         # a whole row in one tile, unless the rows are strided (a leading-dim reduction):
@@ -337,6 +381,8 @@ class TritonKernel:
         """The variable holding v. Values that do not vary along r are hoisted to `top`."""
         target = scope
         r = self.is_r(v)
+        if mask_ctx and not r:
+            mask_ctx = self._masks_needed(v, mask_ctx)
         if scope is not top and not mask_ctx and not r:
             target = top      # hoisted out of the r loop
         key = (id(v), mask_ctx, self.cur_inner if r else None)
@@ -391,10 +437,57 @@ class TritonKernel:
             return f"({self.index(e)}).to({TL_TYPES[v.dtype]})"
         if v.kind == "masked":
             mask = self.emit(v.args[0], scope, top, mask_ctx)
+            self.mask_values[mask] = v.args[0]
             body = self.emit(v.args[1], scope, top, mask_ctx + (mask,))
             return f"tl.where({mask}, {body}, {tl_const(v.extra, v.dtype)})"
         args = [self.emit(a, scope, top, mask_ctx) for a in v.args]
         return self._op(v, args)
+
+    # -- masks of padded regions ---------------------------------------------------------
+    def _vars_of(self, v: V.Value) -> set:
+        """The loop variables a value depends on."""
+        hit = self.vars_memo.get(id(v))
+        if hit is not None:
+            return hit
+        out = set()
+        for node in V.walk(v):
+            if node.kind in ("load", "index"):
+                out |= sympy.sympify(node.extra).free_symbols
+            elif node.kind == "iload":
+                out |= sympy.sympify(node.extra[0]).free_symbols
+        self.vars_memo[id(v)] = out = out & self.loop_vars
+        return out
+
+    def _masks_needed(self, v: V.Value, mask_ctx: tuple) -> tuple:
+        """The masks of mask_ctx that v's loads need. A mask whose variables none of the
+        loads' addresses (nor the masks kept) depend on, and that holds somewhere, guards
+        nothing: each address is also read where it holds. Without it a value that does
+        not vary along the row is computed once a row before the loop instead of once an
+        element inside it (a padded logits gradient re-read its row's label, log-sum and
+        count per element behind the padding's column mask: 0.82 ms on an H200 for GPT-2's
+        4096 x 50264, where the same work unpadded took 0.44)."""
+        key = (id(v), mask_ctx)
+        hit = self.needed_masks.get(key)
+        if hit is not None:
+            return hit
+        loads = [n for n in V.walk(v) if n.kind == "iload"
+                 or n.kind == "load" and self.local(n.name, n.extra) is None]
+        if any(n.kind == "iload" for n in loads):
+            kept = mask_ctx
+        else:
+            near = set().union(*[self._vars_of(n) for n in loads]) if loads else set()
+            kept, grew = [], bool(loads)
+            while grew:
+                more = [m for m in mask_ctx if m not in kept and self._vars_of(self.mask_values[m]) & near]
+                kept += more
+                near |= set().union(*[self._vars_of(self.mask_values[m]) for m in more]) if more else set()
+                grew = bool(more)
+            dropped = [m for m in mask_ctx if m not in kept]
+            if dropped and not _holds_somewhere([self.mask_values[m] for m in dropped], self._vars_of):
+                kept = list(mask_ctx)
+            kept = tuple(m for m in mask_ctx if m in kept)
+        self.needed_masks[key] = kept
+        return kept
 
     def _indirect_load(self, v, scope, top, mask_ctx) -> str:
         """A gather (embedding, index_select): the address holds values loaded first (the
@@ -443,6 +536,8 @@ class TritonKernel:
             return f"({args[0]} == 0)" if dt == torch.bool else f"(~{args[0]})"
         if name == "abs" and dt == torch.bool:
             return args[0]
+        if name == "sqrt" and dt == torch.float64:
+            return f"tl.sqrt({args[0]})"    # sqrt_rn takes fp32 only; fp64's square root is rounded right
         if name in ("floordiv", "remainder"):
             a, b = args
             if dt.is_floating_point:
