@@ -292,6 +292,37 @@ def test_max_autotune_caches_configs_on_disk(tmp_path):
     assert files, os.listdir(tmp_path)
 
 
+def test_a_large_looped_reduction_times_its_configs_at_its_first_launch(tmp_path):
+    """A row reduction too long for one block and this large (a language model's loss over
+    512 rows of 50257 logits) has its few launch configs timed at its first launch, in every
+    mode (the best differ by kernel); the choice is cached on disk, and reduce-overhead
+    captures and replays it with eager's results."""
+    from engine import config
+    from engine_helpers import logs
+
+    torch.manual_seed(0)
+    logits = torch.randn(512, 50257, device=DEV, requires_grad=True)
+    target = torch.randint(0, 50257, (512,), device=DEV)
+
+    def loss_of(t):
+        return F.cross_entropy(t * 2, target)
+
+    want = loss_of(logits)
+    want.backward()
+    want_grad, logits.grad = logits.grad.clone(), None
+    with config.patch(cache_dir=str(tmp_path)), logs("inductor") as lines:
+        fn = engine.compile(loss_of, mode="reduce-overhead")
+        for _ in range(3):          # warm-up (timed there), capture, replay
+            got = fn(logits)
+            got.backward()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(logits.grad, want_grad, rtol=1e-5, atol=1e-6)
+            logits.grad = None
+    timed = [line for line in lines if line.startswith("autotune ") and "rnumel=50257" in line]
+    assert len(timed) >= 2, lines          # the forward's row sums and the backward's
+    assert glob.glob(str(tmp_path / "triton" / "autotune" / "*.json"))
+
+
 def test_lm_head_with_an_odd_vocabulary_pads_the_matmul_rows():
     """A 16-bit matmul with 50257 output columns runs on operands zero-padded to 50264
     (pad_mm.py; cuBLAS takes its unaligned kernel otherwise); the results are eager's, with

@@ -19,7 +19,7 @@ from engine import config
 from . import compile_worker
 from .cuda_launch import CudaKernel, KernelBinary
 from .cuda_launch import Unsupported as CudaUnsupported
-from .heuristics import Config, Shape, candidates, cdiv, heuristic
+from .heuristics import Config, Shape, candidates, cdiv, heuristic, looped_candidates, worth_timing
 
 _modules: dict = {}
 _executor = []
@@ -337,6 +337,12 @@ def _split_repeater(workspace, stream, partials, combine):
     return repeat
 
 
+def _capturing() -> bool:
+    """A CUDA graph is being captured on this stream: nothing can be timed now."""
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 class Launcher:
     """kernel(*tensors_and_sizes, xnumel=..., rnumel=...): launches with the config for
     these sizes, chosen once per (xnumel, rnumel)."""
@@ -379,7 +385,12 @@ class Launcher:
         cfg = self.configs.get(k) or self.fixed
         if cfg is None:
             s = self.shape(xnumel, rnumel, args)
-            cfg = self._tuned(s, args) if self.autotune else heuristic(s)
+            if self.autotune:
+                cfg = self._tuned(s, args)
+            elif worth_timing(s) and not _capturing():
+                cfg = self._tuned(s, args, looped_candidates(s))
+            else:
+                cfg = heuristic(s)
             self.configs[k] = cfg
             observe.log("inductor", logging.DEBUG, "%s: xnumel=%s rnumel=%s -> %s", self.name, xnumel, rnumel, cfg)
         return cfg
@@ -399,8 +410,8 @@ class Launcher:
         kernels then compile side by side. Else on threads with Triton's JIT, where only
         ptxas runs outside the GIL; but not `early` (at codegen, beside the compiler's own
         work on this thread)."""
-        if self.autotune or self.interpret or xnumel == 0:
-            return []
+        if self.autotune or self.interpret or xnumel == 0 or worth_timing(self.shape(xnumel, rnumel, args)):
+            return []     # compiled at the first launch, where its configs are timed
         cfg = self.config_for(args, xnumel, rnumel)
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
         workers = compile_workers() if self.direct is not None else None
@@ -448,16 +459,17 @@ class Launcher:
             self.plans[(xnumel, rnumel)] = self.fast = repeat
 
     # -- max-autotune ------------------------------------------------------------------
-    def _cache_path(self, s: Shape) -> str:
+    def _cache_path(self, s: Shape, configs: list | None = None) -> str:
         import torch
         dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        key = hashlib.sha256(f"{self.source_hash}|{self.name}|{s}|{dev}".encode()).hexdigest()[:24]
+        among = "" if configs is None else "|" + ";".join(map(str, configs))
+        key = hashlib.sha256(f"{self.source_hash}|{self.name}|{s}|{dev}{among}".encode()).hexdigest()[:24]
         d = os.path.join(triton_dir(), "autotune")
         os.makedirs(d, exist_ok=True)
         return os.path.join(d, f"{key}.json")
 
-    def _tuned(self, s: Shape, args) -> Config:
-        path = self._cache_path(s)
+    def _tuned(self, s: Shape, args, configs: list | None = None) -> Config:
+        path = self._cache_path(s, configs)
         try:
             with open(path) as f:
                 cfg = Config(**json.load(f)["config"])
@@ -470,13 +482,14 @@ class Launcher:
         for i in self.inplace_args:      # the kernel updates these: time it on copies
             bench_args[i] = args[i].clone()
         timings = []
-        for cfg in candidates(s):
+        for cfg in candidates(s) if configs is None else configs:
             try:
                 ms = do_bench(lambda c=cfg: self._launch(c, bench_args, s.xnumel), warmup=5, rep=20)
             except Exception as exc:     # a config can exceed shared memory/registers
                 observe.log("inductor", logging.DEBUG, "autotune %s: %s failed: %s", self.name, cfg, exc)
                 continue
             timings.append((ms, cfg))
+        self.forget_plans()              # the timed launches' repeaters hold the copies and the last config
         if not timings:
             return heuristic(s)
         timings.sort(key=lambda t: t[0])
