@@ -5,6 +5,7 @@ which outputs need gradients. The runtime wrapper is built from this."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import nullcontext
 from typing import Any, Optional
 
@@ -79,6 +80,12 @@ class GraphMeta:
     @property
     def num_mutations(self) -> int:
         return len(self.mutated_inputs)
+
+    @functools.cached_property
+    def differentiable_mutations(self) -> bool:
+        """Whether some mutated input takes autograd history (read on every call: an
+        optimizer step writes hundreds of inputs)."""
+        return any(self.inputs[i].differentiable_mutation for i in self.mutated_inputs)
 
     def forward_output_requires_grad(self) -> list[bool]:
         """requires_grad of each aten-graph output (mutated inputs first, then user outputs)."""

@@ -16,7 +16,7 @@ from .metadata import GraphMeta
 def epilogue(meta: GraphMeta, flat: list, outs) -> Any:
     n = meta.num_mutations
     grad = torch.is_grad_enabled()
-    if n and not (grad and any(meta.inputs[i].differentiable_mutation for i in meta.mutated_inputs)):
+    if n and not (grad and meta.differentiable_mutations):
         written = []
         hidden = meta.hidden_mutations
         with torch.no_grad():          # one context for all (an optimizer step writes back hundreds)
