@@ -498,3 +498,33 @@ def test_a_profiler_range_changes_no_value_and_breaks_no_graph():
     report = engine.explain(f)(x)
     assert (report.graph_count, report.break_reasons) == (1, [])
     assert same(engine.compile(f, backend="eager")(x), f(x))
+
+
+def test_a_break_inside_a_profiler_range_resumes_inside_it():
+    """A graph break inside a record_function block (and a no_grad block within it) splits
+    the frame as torch.compile does: 3 graphs, 2 breaks, not a frame left uncompiled; eager's
+    values, the grad mode restored, an exception raised after the break propagates."""
+    def f(x):
+        y = x * 2
+        with torch.profiler.record_function("block"):
+            y = y + 1
+            print("one", file=io.StringIO())
+            y = y * 3
+            with torch.no_grad():
+                z = y.cos()
+                print("two", file=io.StringIO())
+                z = z + 1
+        return y.sin() + z
+
+    def g(x):
+        with torch.profiler.record_function("raising"):
+            y = x + 1
+            print("three", file=io.StringIO())
+            raise ValueError(f"boom {y.shape[0]}")
+
+    x = torch.randn(4, requires_grad=True)
+    report = engine.explain(f)(x)
+    assert (report.graph_count, report.graph_break_count) == (3, 2), report
+    assert same(engine.compile(f, backend="eager")(x), f(x)) and torch.is_grad_enabled()
+    with pytest.raises(ValueError, match="boom 4"):
+        engine.compile(g, backend="eager")(x)

@@ -13,7 +13,7 @@ import torch
 
 from ..shapes.env import wrap_int
 from .graph_breaks import GraphBreak
-from .runtime import GradModeExit
+from .runtime import GradModeExit, ProfilerRangeExit
 from . import autocast as autocastmod
 from . import numpy_ops
 from . import optimizers
@@ -21,7 +21,7 @@ from .source import (AttrSource, DictValueSource, GetItemSource, ListIteratorSou
                      Source, literal)
 from .variables import (AutocastVariable, ConstantVariable, DictVariable, FunctionVariable, GradModeVariable,
                         LazyDictVariable,
-                        IteratorVariable, ListVariable, ObjectVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
+                        IteratorVariable, ListVariable, ObjectVariable, ProfilerRangeVariable, SetVariable, TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis), range, slice,
                   torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size, enum.Enum)
@@ -97,6 +97,9 @@ class Builder:
             out.add_guard("TYPE_MATCH", source, GradModeExit)
             out.add_guard("EQUALS_MATCH", AttrSource(source, "prev"), value.prev)
             return WithExitVariable(GradModeVariable(value.prev, value.prev, True))
+        if type(value) is ProfilerRangeExit:  # a split record_function block, resumed
+            out.add_guard("TYPE_MATCH", source, ProfilerRangeExit)
+            return WithExitVariable(ProfilerRangeVariable())
         if type(value) is autocastmod.AutocastExit:  # a split autocast block, resumed
             out.add_guard("TYPE_MATCH", source, autocastmod.AutocastExit)
             out.add_guard("EQUALS_MATCH", AttrSource(source, "block"), value.block)

@@ -20,13 +20,13 @@ import torch
 
 from . import numpy_ops, scalars
 from .autocast import AutocastExit
-from .runtime import GradModeExit
+from .runtime import GradModeExit, ProfilerRangeExit
 from .graph_breaks import GraphBreak
 from .source import AttrSource
 from ..shapes.symbolic import has_symbolic, python_expr
 from .variables import (AutocastVariable, BoundMethodVariable, CellVariable, ConstantVariable, DictVariable,
                         DictViewVariable, ExceptionVariable, FunctionVariable, GradModeVariable, IteratorVariable,
-                        ListVariable, NestedFunctionVariable, ObjectVariable, PartialVariable, SetVariable,
+                        ListVariable, NestedFunctionVariable, ObjectVariable, PartialVariable, ProfilerRangeVariable, SetVariable,
                         TensorVariable, TupleVariable, VariableTracker, WithExitVariable)
 
 
@@ -178,6 +178,9 @@ class CodeGen:
             parts = [self.expr(vt.func)] + [self.expr(a) for a in vt.args] + \
                 [f"{k}={self.expr(v)}" for k, v in vt.kwargs.items()]
             return f"___partial({', '.join(parts)})"
+        if isinstance(vt, WithExitVariable) and isinstance(vt.ctx, ProfilerRangeVariable):
+            self.ns["___ProfilerRangeExit"] = ProfilerRangeExit
+            return "___ProfilerRangeExit()"
         if isinstance(vt, WithExitVariable) and isinstance(vt.ctx, AutocastVariable):
             # the exit of a split autocast block: back to the state from before it
             self.ns["___AutocastExit"] = AutocastExit

@@ -390,11 +390,11 @@ def _can_resume(inst, frame, code) -> bool:
 
 
 def _state_blocks(inst, frame):
-    """The with-blocks enclosing `inst`, outermost first, as their GradModeVariables and
-    AutocastVariables, when every enclosing exception-table block is a grad-mode `with`
-    (torch.no_grad() & co) or an autocast one; None when any is something else (a try,
-    another context manager)."""
-    from .variables import AutocastVariable, GradModeVariable
+    """The with-blocks enclosing `inst`, outermost first, as their GradModeVariables,
+    AutocastVariables and ProfilerRangeVariables, when every enclosing exception-table block
+    is a grad-mode `with` (torch.no_grad() & co), an autocast one or a profiler range; None
+    when any is something else (a try, another context manager)."""
+    from .variables import AutocastVariable, GradModeVariable, ProfilerRangeVariable
 
     insts, index, stack = frame.insts, frame.index, frame.stack
     blocks = []
@@ -408,7 +408,7 @@ def _state_blocks(inst, frame):
             return None
         exit_vt = stack[e.depth - 1]
         if not (isinstance(exit_vt, WithExitVariable) and
-                isinstance(exit_vt.ctx, (GradModeVariable, AutocastVariable))):
+                isinstance(exit_vt.ctx, (GradModeVariable, AutocastVariable, ProfilerRangeVariable))):
             return None
         blocks.append(exit_vt.ctx)
         # the enclosing block is where the handler's cleanup (COPY 3; POP_EXCEPT; RERAISE 1) re-raises to

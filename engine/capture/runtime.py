@@ -288,6 +288,20 @@ class GradModeExit:
         return f"GradModeExit(prev={self.prev})"
 
 
+class ProfilerRangeExit:
+    """The `__exit__` of a `torch.profiler.record_function` block that a graph break split:
+    the traced code never entered the range (the graph has no node for it), so leaving it
+    does nothing; the eager code at the break and after it runs outside the range."""
+
+    __slots__ = ()
+
+    def __call__(self, *exc_info):
+        return None
+
+    def __repr__(self):
+        return "ProfilerRangeExit()"
+
+
 def exit_blocks(exits: tuple) -> None:
     """An exception from a break inside grad-mode / autocast with blocks leaves them all,
     innermost first (the generated code's `except` clause)."""
