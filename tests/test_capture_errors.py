@@ -1,6 +1,7 @@
 """When the compiler itself fails: a clear error naming the user's line and the stage, or,
 with suppress_errors, eager execution with a warning. Never a wrong result."""
 
+import io
 import warnings
 
 import pytest
@@ -107,6 +108,30 @@ def test_a_function_the_engine_will_not_compile_says_so_and_explain_lists_it():
     # torch's own functions: the same
     e = engine.explain(torch.nn.functional.normalize)(torch.ones(2, 2))
     assert e.not_compiled and "torch internals" in e.not_compiled[0]
+
+
+def test_a_frame_that_cannot_be_split_at_its_break_says_why_it_runs_eagerly():
+    """A break inside a `try` block: the frame cannot be split there and runs eagerly (as
+    under torch.compile). The break's own reason is not the whole story: the log, explain's
+    "Not Compiled" and the report say that the frame ran eagerly and why."""
+    from engine_helpers import logs
+
+    def f(x):
+        y = x * 2
+        try:
+            y = y + 1
+            print("inside", file=io.StringIO())
+        except ValueError:
+            pass
+        return y.sin()
+
+    with logs("graph_breaks") as shown:
+        torch.testing.assert_close(engine.compile(f)(torch.ones(3)), f(torch.ones(3)))
+    eager = [s for s in shown if "runs eagerly" in s]
+    assert len(eager) == 1 and "inside a `try` block" in eager[0] and "[GB0013]" in eager[0], shown
+    e = engine.explain(f)(torch.ones(3))
+    assert e.graph_count == 0 and len(e.not_compiled) == 1 and "`try` block" in e.not_compiled[0]
+    assert len(e.break_reasons) == 1
 
 
 def test_the_report_lists_functions_the_engine_did_not_compile(tmp_path):

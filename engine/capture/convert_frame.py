@@ -321,10 +321,10 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
         gb = tb.gb
         _break_to_eager(gb, options, code, reported)
         metrics["graph_break_count"] += break_root(gb) != reported
-        if _can_resume(tb.inst, frame, code):
+        why = _why_not_resumable(tb.inst, frame, code)
+        if why is None:
             return BreakPoint(tb.inst.offset, tb.arrival, gb)
-        observe.log("dynamo", logging.DEBUG, "skipping frame %s: cannot resume at offset %s (%s)", code.co_name,
-                    tb.inst.offset, tb.inst.opname)
+        _say_frame_runs_eagerly(code, gb, why)
         return None
     except GraphBreak as gb:
         # raised outside any instruction, or the values at the end could not be rebuilt
@@ -376,17 +376,32 @@ def _unsupported_text(gb: GraphBreak) -> str:
             f"{format_user_stack(stack)}")
 
 
-def _can_resume(inst, frame, code) -> bool:
+def _why_not_resumable(inst, frame, code) -> Optional[str]:
+    """Why the frame cannot be split at the break at `inst` (it then runs eagerly), or None."""
     if inst.opname not in _CALL_OPS and inst.opname not in _JUMP_OPS and inst.opname not in _JUMP_OR_POP and \
             inst.opname not in resume_mod.STEP_OPERANDS:
-        return False
+        return f"the frame cannot be split at a {inst.opname} instruction"
     if frame.exc_stack:
-        return False
+        return "the break is inside an `except` or `finally` block, where the frame cannot be split"
     if inst.exn_tab_entry is not None and _state_blocks(inst, frame) is None:
-        return False  # inside a try block or a with block of another context manager
-    if code.co_flags & 0x20:  # generator
-        return False
-    return True
+        return ("the break is inside a `try` block or a `with` block of a context manager the engine cannot "
+                "re-enter (grad mode, autocast and profiler ranges it can), where the frame cannot be split")
+    if code.co_flags & 0x20:
+        return "the frame is a generator, which cannot be split"
+    return None
+
+
+def _say_frame_runs_eagerly(code, gb: GraphBreak, why: str) -> None:
+    """A break the frame cannot be split at: the whole frame runs eagerly, said where the user
+    looks (TORCH_LOGS=graph_breaks and dynamo, explain's "Not Compiled", the report)."""
+    stack = gb.user_stack or []
+    where = f" at {stack[-1][0]}:{stack[-1][1]}" if stack else ""
+    reason = f"{why}; the graph break{where} ([{gb.kind.id}]) makes the whole frame run eagerly"
+    name = getattr(code, "co_qualname", code.co_name)
+    observe.emit("compile_declined", {"function": name, "filename": code.co_filename,
+                                      "line": code.co_firstlineno, "reason": reason})
+    observe.log("graph_breaks", logging.INFO, "%s (%s:%s) runs eagerly: %s", name, code.co_filename,
+                code.co_firstlineno, reason)
 
 
 def _state_blocks(inst, frame):
