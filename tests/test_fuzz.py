@@ -116,6 +116,23 @@ def test_fuzz_with_the_backward_inside_the_compiled_call_matches_eager(backend, 
     assert results and not bad, bad
 
 
+def test_fuzz_through_the_triton_emitter_matches_eager(tmp_path):
+    """The inductor backend's Triton emitter (the GPU's code), run on CPU tensors under
+    Triton's interpreter (`engine.config.triton_interpret`): random programs give eager's
+    results. Crashes are warned about (some are the interpreter's limits: a bool `|` of 0-d
+    values); this found a sum over size-1 dims and a float64 sqrt that did not compile."""
+    pytest.importorskip("triton")
+    with engine.config.patch(triton_interpret=True):
+        results = runner.fuzz("inductor", list(range(970000, 970016)), out=str(tmp_path), shrink_budget=8.0,
+                              log=lambda s: None)
+    for r in results:
+        if r.engine.category == "crash":
+            warnings.warn(f"fuzz triton seed {r.seed}: {r.engine.line()}", stacklevel=1)
+    bad = [f"seed {r.seed}: {r.engine.line()}" for r in results if r.engine.category in ("wrong", "stale")]
+    passed = [r for r in results if r.engine.category in ("pass", "noise")]
+    assert results and not bad and len(passed) >= len(results) // 2, (bad, [r.engine.line() for r in results])
+
+
 def _perturbed(fn, change):
     """fn, with `change` applied to each tensor it returns (a deliberately wrong compiler)."""
     def run(*args):
