@@ -393,7 +393,7 @@ def _why_not_resumable(inst, frame, code) -> Optional[str]:
 
 def _say_frame_runs_eagerly(code, gb: GraphBreak, why: str) -> None:
     """A break the frame cannot be split at: the whole frame runs eagerly, said where the user
-    looks (TORCH_LOGS=graph_breaks and dynamo, explain's "Not Compiled", the report)."""
+    looks (TORCH_LOGS=graph_breaks, explain's "Not Compiled", the report)."""
     stack = gb.user_stack or []
     where = f" at {stack[-1][0]}:{stack[-1][1]}" if stack else ""
     reason = f"{why}; the graph break{where} ([{gb.kind.id}]) makes the whole frame run eagerly"
