@@ -108,13 +108,11 @@ def _say_if_declined(fn, args, kwargs) -> bool:
         return False
     code = func.__code__
     reason = skipfiles.skip_reason(code) or runtime.uncapturable_kind(code) or "marked engine.disable"
-    name = getattr(code, "co_qualname", code.co_name)
-    observe.emit("compile_declined", {"function": name, "filename": code.co_filename,
-                                      "line": code.co_firstlineno, "reason": reason})
+    from .capture.convert_frame import _user_stacklevel, emit_declined
+    name = emit_declined(code, reason)
     msg = (f"engine.compile({name}): not compiled, it runs eagerly ({reason}, {code.co_filename}:"
            f"{code.co_firstlineno}); compile the user function that calls it instead")
     observe.log("dynamo", logging.WARNING, "%s", msg)
-    from .capture.convert_frame import _user_stacklevel
     warnings.warn(msg, UserWarning, stacklevel=_user_stacklevel())
     return True
 

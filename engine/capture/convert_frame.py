@@ -397,11 +397,18 @@ def _say_frame_runs_eagerly(code, gb: GraphBreak, why: str) -> None:
     stack = gb.user_stack or []
     where = f" at {stack[-1][0]}:{stack[-1][1]}" if stack else ""
     reason = f"{why}; the graph break{where} ([{gb.kind.id}]) makes the whole frame run eagerly"
+    name = emit_declined(code, reason)
+    observe.log("graph_breaks", logging.INFO, "%s (%s:%s) runs eagerly: %s", name, code.co_filename,
+                code.co_firstlineno, reason)
+
+
+def emit_declined(code, reason: str) -> str:
+    """The `compile_declined` event of a function that runs eagerly (explain's "Not Compiled",
+    the report's list); returns the function's name."""
     name = getattr(code, "co_qualname", code.co_name)
     observe.emit("compile_declined", {"function": name, "filename": code.co_filename,
                                       "line": code.co_firstlineno, "reason": reason})
-    observe.log("graph_breaks", logging.INFO, "%s (%s:%s) runs eagerly: %s", name, code.co_filename,
-                code.co_firstlineno, reason)
+    return name
 
 
 def _state_blocks(inst, frame):
