@@ -76,7 +76,9 @@ native_dir: str = os.environ.get("ENGINE_NATIVE_DIR") or os.path.join(
 # gradients) computes fp32 directly, not rounded to 16 bits first (engine/codegen/wide_matmul.py);
 # 0: eager's rounding.
 wide_matmul: bool = os.environ.get("ENGINE_WIDE_MATMUL", "1") != "0"
-triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, os.cpu_count() or 1)))
+# The CPUs this process may run on (its affinity: taskset, a container's cpuset), not the machine's.
+usable_cpus: int = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+triton_compile_workers: int = int(os.environ.get("ENGINE_TRITON_COMPILE_WORKERS", min(16, usable_cpus)))
 
 
 # minifier (docs/minifier.md): "dynamo" checks the captured FX graph's backend call, "aot"

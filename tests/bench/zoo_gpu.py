@@ -4,7 +4,7 @@ reduce-overhead) and ours (default and reduce-overhead), side by side in one run
     python -m tests.bench.zoo_gpu                        # every model, inference and training
     python -m tests.bench.zoo_gpu --models gpt2,vit --impls eager,torch,ours --iters 20
     python -m tests.bench.zoo_gpu --models gpt2 --train '' --profile   # GPU busy time, top kernels
-    python -m tests.bench.zoo_gpu --gpus 2               # two processes at once, a GPU each
+    python -m tests.bench.zoo_gpu --gpus 2               # two processes at once, a GPU and half the CPUs each
 
 Inference (torch.no_grad, bf16 weights): GPT-2 124M on 8x512 tokens, a Llama-style ~1B
 (16 layers, d=2048, GQA) on 4x512, BERT-base 16x256, T5-base 8x256 (encoder and decoder),
@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -340,6 +341,15 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def _cpus_of(slot: int, slots: int) -> set:
+    """The CPUs of one of `slots` processes running at once: an equal share each, so that two
+    compiles at once (each with its compile workers) do not take each other's cores, and each
+    runs as on a machine of one GPU and its share of the host."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cpus) // slots)
+    return set(cpus[slot * share:(slot + 1) * share]) or set(cpus)
+
+
 def _run_child(name: str, train: bool, impl: str, args, gpu: Optional[int] = None) -> dict:
     """run_one in a fresh process (on GPU `gpu` alone when given); its row comes back as JSON,
     its output only when it fails."""
@@ -350,6 +360,8 @@ def _run_child(name: str, train: bool, impl: str, args, gpu: Optional[int] = Non
            "--iters", str(args.iters), "--json", path] + (["--profile"] if args.profile else []) \
         + (["--memory"] if args.memory else []) + (["--host-profile"] if args.host_profile else []) + (["--gaps"] if args.gaps else []) \
         + ["--top", str(args.top)]
+    if gpu is not None and shutil.which("taskset"):
+        cmd = ["taskset", "-c", ",".join(map(str, sorted(_cpus_of(gpu, args.gpus))))] + cmd
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0 or not os.path.exists(path):
         print(proc.stdout[-3000:], flush=True)
@@ -378,7 +390,7 @@ def main(argv=None):
                          "one, so none pays for or profits from another's imports, caches and leftover state")
     ap.add_argument("--gpus", type=int, default=1,
                     help="run this many (model, implementation) processes at once, each on a GPU of its own "
-                         "(a 2-GPU machine: --gpus 2); rows print in the usual order once a model's are all in")
+                         "and an equal share of the CPUs (a 2-GPU machine: --gpus 2); rows print in the usual order once a model's are all in")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)     # model:mode:impl, in a child process
     args = ap.parse_args(argv)
     global PROFILE, MEMORY, TOP, HOST_PROFILE, GAPS

@@ -28,7 +28,7 @@ _executor = []
 def _threads():
     if not _executor:
         from concurrent.futures import ThreadPoolExecutor
-        _executor.append(ThreadPoolExecutor(max(1, min(8, (os.cpu_count() or 2))), thread_name_prefix="triton-compile"))
+        _executor.append(ThreadPoolExecutor(max(1, min(8, config.usable_cpus)), thread_name_prefix="triton-compile"))
     return _executor[0]
 
 
