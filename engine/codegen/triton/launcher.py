@@ -410,13 +410,24 @@ class Launcher:
         kernels then compile side by side. Else on threads with Triton's JIT, where only
         ptxas runs outside the GIL; but not `early` (at codegen, beside the compiler's own
         work on this thread)."""
-        if self.autotune or self.interpret or xnumel == 0 or worth_timing(self.shape(xnumel, rnumel, args)):
-            return []     # compiled at the first launch, where its configs are timed
-        cfg = self.config_for(args, xnumel, rnumel)
-        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
+        if self.autotune or self.interpret or xnumel == 0:
+            return []     # max-autotune compiles its candidates as it times them
         workers = compile_workers() if self.direct is not None else None
         if workers is not None and not workers.ready.is_set():
             workers = None      # still starting (~0.5 s): this process compiles sooner
+        s = self.shape(xnumel, rnumel, args)
+        if worth_timing(s):
+            # the configs the first launch will time, side by side in the workers (without
+            # them Triton's JIT compiles each in turn as it is timed)
+            if workers is None:
+                return []
+            chosen = self._chosen(s, looped_candidates(s))      # by an earlier run, on disk
+            configs = [chosen] if chosen is not None else looped_candidates(s)
+            return [f for cfg in configs for f in self._compile_in(workers, cfg, args, xnumel, early=True)]
+        return self._compile_in(workers, self.config_for(args, xnumel, rnumel), args, xnumel, early)
+
+    def _compile_in(self, workers, cfg: Config, args, xnumel, early) -> list:
+        kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
         futures = []
         for fn, grid, a in self._kernels(cfg, args, xnumel):
             a = (*a, xnumel)
@@ -468,15 +479,20 @@ class Launcher:
         os.makedirs(d, exist_ok=True)
         return os.path.join(d, f"{key}.json")
 
-    def _tuned(self, s: Shape, args, configs: list | None = None) -> Config:
-        path = self._cache_path(s, configs)
+    def _chosen(self, s: Shape, configs: list | None) -> Config | None:
+        """The config an earlier timing chose among `configs` (None: max-autotune's), from disk."""
         try:
-            with open(path) as f:
-                cfg = Config(**json.load(f)["config"])
+            with open(self._cache_path(s, configs)) as f:
+                return Config(**json.load(f)["config"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _tuned(self, s: Shape, args, configs: list | None = None) -> Config:
+        cfg = self._chosen(s, configs)
+        if cfg is not None:
             observe.log("inductor", logging.INFO, "autotune cache hit for %s: %s", self.name, cfg)
             return cfg
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        path = self._cache_path(s, configs)
         from triton.testing import do_bench
         bench_args = list(args)
         for i in self.inplace_args:      # the kernel updates these: time it on copies
