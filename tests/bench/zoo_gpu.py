@@ -11,6 +11,9 @@ Inference (torch.no_grad, bf16 weights): GPT-2 124M on 8x512 tokens, a Llama-sty
 ViT-B/16 and ResNet-50 on 32x3x224x224 (torchvision), Whisper-small's encoder on 8 clips.
 Training (fp32 weights, bf16 autocast, AdamW, the whole step compiled): GPT-2 and the Llama;
 the step's loss is kept until the next step returns, as `loss = step(batch)` in a loop keeps it.
+Ours runs with the default config (the step's backward behind autograd, as torch.compile's);
+--impls ours-step,ours-step-ro adds ours with the backward and the optimizer step in the
+step's graph (engine.config.backward_in_graph).
 Per model and implementation: ms per call (CUDA events, median of --iters after warm-up),
 speedup over eager, cold compile seconds (the calls until the first timed one, fresh caches),
 peak memory (GiB): allocated (what tensors the allocator owns held at most) and reserved
@@ -62,6 +65,11 @@ from .memory_peak import peak_sites  # noqa: E402
 DEV = "cuda"
 BF16 = torch.bfloat16
 IMPLS = ["eager", "torch", "torch-ro", "ours", "ours-ro"]
+# also: "ours-step" and "ours-step-ro", ours with engine.config.backward_in_graph on (a
+# training step's forward, loss.backward() and optimizer step in one graph, docs/training.md);
+# set in the child process, so the other implementations run with the default config.
+STEP_IMPLS = ["ours-step", "ours-step-ro"]
+_BACKWARD_IN_GRAPH = engine.config.backward_in_graph     # as the environment set it
 
 
 def _tf():
@@ -124,6 +132,7 @@ def compiled(impl: str, fn):
         torch._dynamo.reset()
         return torch.compile(fn, mode=mode)
     engine.reset()
+    engine.config.backward_in_graph = "-step" in impl or _BACKWARD_IN_GRAPH
     return engine.compile(fn, mode=mode)
 
 
@@ -374,7 +383,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(INFER), help="inference models: " + ",".join(INFER))
     ap.add_argument("--train", default=",".join(TRAIN), help="training models ('' for none): " + ",".join(TRAIN))
-    ap.add_argument("--impls", default=",".join(IMPLS), help=",".join(IMPLS))
+    ap.add_argument("--impls", default=",".join(IMPLS), help=",".join(IMPLS + STEP_IMPLS))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="also the GPU busy time and top kernels of each")
@@ -433,7 +442,9 @@ def main(argv=None):
     pending = {}
     if parallel:     # all started now, a GPU each as one frees; collected in order below
         pool = ThreadPoolExecutor(args.gpus)
-        pending = {(m, t, i): pool.submit(one, m, t, i) for m, t in work for i in impls}
+        # the longest first (training, then torch.compile's), so that the last to finish is short
+        order = sorted(((m, t, i) for m, t in work for i in impls), key=lambda w: (not w[1], not w[2].startswith("torch")))
+        pending = {w: pool.submit(one, *w) for w in order}
     for name, train in work:
         eager_ms = None
         for impl in impls:
@@ -489,7 +500,8 @@ def main(argv=None):
             summary[f"{mode}/{impl}"] = g
             print(f"  {mode:5} {impl:9} {g:.3f}")
     for mode in ("infer", "train"):
-        for ours, theirs in (("ours", "torch"), ("ours-ro", "torch-ro")):
+        for ours, theirs in (("ours", "torch"), ("ours-ro", "torch-ro"), ("ours-step", "torch"),
+                             ("ours-step-ro", "torch-ro")):
             a, b = summary.get(f"{mode}/{ours}"), summary.get(f"{mode}/{theirs}")
             if a and b and not math.isnan(a) and not math.isnan(b):
                 print(f"  {mode:5} {ours} / {theirs}: {a / b:.3f}")
