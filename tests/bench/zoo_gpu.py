@@ -442,8 +442,10 @@ def main(argv=None):
     pending = {}
     if parallel:     # all started now, a GPU each as one frees; collected in order below
         pool = ThreadPoolExecutor(args.gpus)
-        # the longest first (training, then torch.compile's), so that the last to finish is short
-        order = sorted(((m, t, i) for m, t in work for i in impls), key=lambda w: (not w[1], not w[2].startswith("torch")))
+        # training first, then model by model (rows come in as each model's are done), each
+        # model's torch.compile runs (the longest) before the others
+        order = [(m, t, i) for m, t in sorted(work, key=lambda w: not w[1])
+                 for i in sorted(impls, key=lambda i: not i.startswith("torch"))]
         pending = {w: pool.submit(one, *w) for w in order}
     for name, train in work:
         eager_ms = None
