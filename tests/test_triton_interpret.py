@@ -6,6 +6,8 @@ runs each program in numpy."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sympy
 import torch
@@ -273,6 +275,51 @@ def test_looped_reduction_when_the_row_is_long(monkeypatch):
     assert "for roffset in range(0, 100, RBLOCK)" in kernels_of(c)
     c = check(lambda t: t.sum(0), torch.randn(300, 6), rtol=1e-4, atol=1e-4)
     check(lambda t: t.argmax(-1), torch.randn(4, 70))
+
+
+def test_the_configs_a_large_reduction_will_time_compile_in_the_workers_before_its_first_launch(
+        monkeypatch, tmp_path):
+    # a loss's row reduction over 512 x 50257 logits times its few launch configs at its first
+    # launch; precompile starts all of them in the compile workers (Triton's JIT in this process
+    # would compile each as it is timed, one after another); once a run chose one (on disk),
+    # only that one; a reduction too small to time compiles the heuristic's config alone
+    import threading
+
+    from engine.codegen.triton import launcher
+    from engine.codegen.triton.heuristics import looped_candidates
+
+    started = []
+
+    class Direct:
+        def compile_in(self, workers, fn, args, kw, cfg):
+            started.append(cfg)
+            return f"future of {cfg}"
+
+        def loaded(self, fn, args, cfg):
+            return False
+
+    class Workers:
+        ready = threading.Event()
+    Workers.ready.set()
+    monkeypatch.setattr(launcher, "compile_workers", lambda: Workers)
+    monkeypatch.setattr(config, "cache_dir", str(tmp_path))
+    loss = launcher.Launcher(object(), "kernel7_cross_entropy", "reduction", persistent=False, x_contiguous=False,
+                             autotune=False, interpret=False, inplace_args=(), source_hash="h")
+    loss.direct = Direct()
+    logits = torch.empty(512, 50257)
+    shape = loss.shape(512, 50257)
+    want = looped_candidates(shape)
+    assert len(want) >= 3
+    assert loss.precompile(logits, xnumel=512, rnumel=50257) == [f"future of {c}" for c in want]
+    assert started == want and not loss.configs          # none chosen yet: the first launch times them
+    with open(loss._cache_path(shape, want), "w") as f:
+        json.dump({"config": dict(XBLOCK=1, RBLOCK=1024, num_warps=8, num_stages=1)}, f)
+    started.clear()
+    loss.precompile(logits, xnumel=512, rnumel=50257)
+    assert [(c.RBLOCK, c.num_warps) for c in started] == [(1024, 8)]
+    started.clear()
+    loss.precompile(logits, xnumel=64, rnumel=50257)     # 3.2M elements: not timed
+    assert started == [heuristic(loss.shape(64, 50257))]
 
 
 def test_split_reduction_when_few_rows_are_long():
