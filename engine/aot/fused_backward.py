@@ -21,7 +21,7 @@ import torch.fx
 
 from ..backward_ops import TANGENT_MARK
 from .partition import joint_parts, split
-from .trace import JointLayout, output_nodes, placeholders
+from .trace import JointLayout, graph_module, output_nodes, placeholders
 
 
 def tangent_node(gm: torch.fx.GraphModule) -> Optional[torch.fx.Node]:
@@ -63,7 +63,7 @@ def rematerialize(traced: torch.fx.GraphModule, free: set, saver) -> torch.fx.Gr
             continue
         env[n] = joint_graph.node_copy(n, lambda a: env[a])
     joint_graph.output(tuple(env[o] for o in fw_outs + after))
-    joint = torch.fx.GraphModule(traced, joint_graph)
+    joint = graph_module(traced, joint_graph)
     layout = JointLayout(num_primals=len(prims), num_tangents=1, num_forward_outputs=len(fw_outs), grad_inputs=[])
     parts = joint_parts(joint, layout)
     free_nodes = {parts.primals[i] for i in free if i < len(parts.primals)}
@@ -82,7 +82,7 @@ def rematerialize(traced: torch.fx.GraphModule, free: set, saver) -> torch.fx.Gr
     bw_vals = _inline(graph, pair.backward, list(fw_vals[len(fw_outs):]) + [t_new])
     value_of.update(zip(after, bw_vals))
     graph.output([value_of[o] if isinstance(o, torch.fx.Node) else o for o in outs])
-    joined = torch.fx.GraphModule(traced, graph)
+    joined = graph_module(traced, graph)
     joined.meta = dict(traced.meta)
     joined.meta["recomputed_after_backward"] = len(pair.recomputed)
     return joined

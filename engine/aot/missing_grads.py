@@ -22,7 +22,7 @@ import observe
 
 from .partition import is_view_op
 from .readable import readable
-from .trace import output_nodes, placeholders
+from .trace import graph_module, output_nodes, placeholders
 
 aten = torch.ops.aten
 
@@ -150,7 +150,7 @@ def pruned(backward: torch.fx.GraphModule, zero: set) -> torch.fx.GraphModule:
         for a in zin:
             node.replace_input_with(a, zeros_of(a))
     graph.eliminate_dead_code()
-    gm = torch.fx.GraphModule(backward, graph, class_name="backward")
+    gm = graph_module(backward, graph, class_name="backward")
     gm.meta.update(backward.meta)
     return gm
 

@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 import torch
 import torch.fx
 
-from .trace import JointLayout, output_nodes, placeholders
+from .trace import JointLayout, graph_module, output_nodes, placeholders
 
 
 @dataclasses.dataclass
@@ -174,8 +174,7 @@ def extract(joint: torch.fx.GraphModule, inputs: list, outputs: list, name: str,
                 raise AssertionError(f"{name} graph needs {node.name}, which is not among its inputs")
             env[node] = graph.node_copy(node, lambda a: env[a])
     graph.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
-    gm = torch.fx.GraphModule(joint, graph, class_name=name)
-    return gm
+    return graph_module(joint, graph, class_name=name)
 
 
 Partitioner = Callable[[JointParts], list]

@@ -18,6 +18,7 @@ import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import observe
@@ -70,7 +71,8 @@ class Tracer:
 
     def make_fx(self, fn, *args) -> torch.fx.GraphModule:
         try:
-            with self.fake_mode, enable_python_dispatcher(), FunctionalTensorMode(), fx_traceback.preserve_node_meta():
+            with self.fake_mode, enable_python_dispatcher(), FunctionalTensorMode(), \
+                    fx_traceback.preserve_node_meta(), _use_lazy_graph_module(True):
                 traced = make_fx(fn, decomposition_table=self.decompositions or {})(*args)
         except AOTAutogradError:
             raise
@@ -175,6 +177,13 @@ def _cleanup(gm: torch.fx.GraphModule) -> None:
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     gm.recompile()
+
+
+def graph_module(root, graph: torch.fx.Graph, class_name: str = "GraphModule") -> torch.fx.GraphModule:
+    """A GraphModule whose Python code is generated when first read or called, not at each
+    `recompile()`: the AOT graphs pass through several rewrites, and the code generator reads
+    only their nodes (a 16-layer Llama step's graphs spent ~1.5 s writing code nobody ran)."""
+    return _LazyGraphModule(root, graph, class_name=class_name)
 
 
 def output_nodes(gm: torch.fx.GraphModule) -> list:
