@@ -4,6 +4,7 @@ bus with PyTorch's event names."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -601,7 +602,14 @@ def _source_lookup(out):
     if values is None:
         return None
     namespace = {"L": values[0], "G": values[1], "sys": sys}
-    return lambda source: eval(source, namespace)
+    return lambda source: eval(_source_code(source), namespace)
+
+
+@functools.lru_cache(maxsize=4096)
+def _source_code(source: str):
+    """A source's compiled expression: the guard builder looks up each module prefix of every
+    guard (a 16-layer Llama step: 2,200 look-ups, 0.4 s when each compiled its string anew)."""
+    return compile(source, "<source>", "eval")
 
 
 def _detached(out, node):
