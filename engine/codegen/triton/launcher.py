@@ -427,6 +427,8 @@ class Launcher:
         return self._compile_in(workers, self.config_for(args, xnumel, rnumel), args, xnumel, early)
 
     def _compile_in(self, workers, cfg: Config, args, xnumel, early) -> list:
+        """Start compiling one config's kernels (a split reduction has two): in the workers,
+        else on threads unless `early`; their Futures (None: nothing to wait for)."""
         kw = cfg.kwargs(self.kind == "reduction", bool(self.split_slots))
         futures = []
         for fn, grid, a in self._kernels(cfg, args, xnumel):
