@@ -134,6 +134,31 @@ def test_a_frame_that_cannot_be_split_at_its_break_says_why_it_runs_eagerly():
     assert len(e.break_reasons) == 1
 
 
+def test_a_frame_whose_resume_function_cannot_be_built_says_it_runs_eagerly(monkeypatch):
+    """Where the code after a break cannot be made a function of its own (the resume
+    builder refuses: a frame shape the checks before it did not foresee), the frame runs
+    eagerly, and the log and explain say so, not only the break's own reason."""
+    from engine.capture import resume
+    from engine_helpers import logs
+
+    def refuse(code, offset, *args, **kwargs):
+        raise resume.ResumeUnsupported(f"{code.co_name} offset {offset} is between KW_NAMES and its call")
+    monkeypatch.setattr(resume, "_make", refuse)
+    monkeypatch.setattr(resume, "_cache", {})
+
+    def f(x):
+        y = x * 2
+        print("between", file=io.StringIO())
+        return y.sin()
+
+    with logs("graph_breaks") as shown:
+        torch.testing.assert_close(engine.compile(f)(torch.ones(3)), f(torch.ones(3)))
+    eager = [s for s in shown if "runs eagerly" in s]
+    assert len(eager) == 1 and "KW_NAMES" in eager[0] and "whole frame runs eagerly" in eager[0], shown
+    e = engine.explain(f)(torch.ones(3))
+    assert e.graph_count == 0 and len(e.not_compiled) == 1 and "KW_NAMES" in e.not_compiled[0]
+
+
 def test_the_report_lists_functions_the_engine_did_not_compile(tmp_path):
     import os
     import subprocess

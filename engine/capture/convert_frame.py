@@ -325,7 +325,10 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
         why = _why_not_resumable(tb.inst, frame, code)
         if why is None:
             return BreakPoint(tb.inst.offset, tb.arrival, gb)
-        _say_frame_runs_eagerly(code, gb, why)
+        stack = gb.user_stack or []
+        where = f" at {stack[-1][0]}:{stack[-1][1]}" if stack else ""
+        _say_frame_runs_eagerly(code, f"{why}; the graph break{where} ([{gb.kind.id}]) makes the whole frame "
+                                      "run eagerly")
         return None
     except GraphBreak as gb:
         # raised outside any instruction, or the values at the end could not be rebuilt
@@ -333,8 +336,9 @@ def _attempt(fn, L, G, options: CompileOptions, breakpoint, cid, metrics, report
             gb.user_stack = gb.user_stack or frame.user_stack()
         _break_to_eager(gb, options, code, reported)
         return None
-    except resume_mod.ResumeUnsupported as exc:
-        observe.log("dynamo", logging.DEBUG, "skipping frame %s: %s", code.co_name, exc.reason)
+    except resume_mod.ResumeUnsupported as exc:     # the break itself was reported when it was met
+        _say_frame_runs_eagerly(code, f"{exc.reason}: the frame cannot be split at its graph break, so the "
+                                      "whole frame runs eagerly")
         return None
     except backward.BackwardEscapes as exc:
         return exc
@@ -392,12 +396,9 @@ def _why_not_resumable(inst, frame, code) -> Optional[str]:
     return None
 
 
-def _say_frame_runs_eagerly(code, gb: GraphBreak, why: str) -> None:
+def _say_frame_runs_eagerly(code, reason: str) -> None:
     """A break the frame cannot be split at: the whole frame runs eagerly, said where the user
     looks (TORCH_LOGS=graph_breaks, explain's "Not Compiled", the report)."""
-    stack = gb.user_stack or []
-    where = f" at {stack[-1][0]}:{stack[-1][1]}" if stack else ""
-    reason = f"{why}; the graph break{where} ([{gb.kind.id}]) makes the whole frame run eagerly"
     name = emit_declined(code, reason)
     observe.log("graph_breaks", logging.INFO, "%s (%s:%s) runs eagerly: %s", name, code.co_filename,
                 code.co_firstlineno, reason)
@@ -456,11 +457,12 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
     code = fn.__code__
     # which variables the generated code needs
     if stop is None:
-        plan = ("return", frame.return_value)
+        plan, resumes = ("return", frame.return_value), []
         needed = [frame.return_value]
     else:
         plan = _break_plan(frame, stop.inst, code)
         needed = plan[1]
+        resumes = _resume_codes(plan, frame, code)      # a refusal comes before anything compiles
     needed = list(needed)
     autocast_changes = out.end_autocast()
     for vt in out.mutated:
@@ -565,7 +567,7 @@ def _finish(fn, out: OutputGraph, frame: Frame, stop, options: CompileOptions, c
         cg.side_effects()
         cg.emit("resume_call", f"return {rv}")
     else:
-        _codegen_break(cg, plan, frame, fn, code)
+        _codegen_break(cg, plan, resumes, frame, fn, code)
     safe = "".join(c if c.isalnum() or c == "_" else "_" for c in code.co_name)
     fname = f"__transformed_{safe}_{cid.frame_id}_{cid.frame_compile_id}"
     src = cg.source(fname)
@@ -761,7 +763,23 @@ def _break_plan(frame: Frame, inst, code):
     return ("break", needed, detail, below, live, cells, resume_offsets, inst)
 
 
-def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
+def _resume_codes(plan, frame, code) -> list:
+    """The functions that continue the frame after its break (one per place it can go on:
+    two after a jump); made before the graph compiles, so that a frame the resume builder
+    refuses (ResumeUnsupported) runs eagerly having compiled nothing."""
+    _, _needed, detail, below, live, _cells, resume_offsets, inst = plan
+    blocks = _state_blocks(inst, frame) if inst.exn_tab_entry is not None else []
+    nulls = [i for i, v in enumerate(below) if isinstance(v, NullVariable)]
+    # a method load leaves the attribute and a NULL (on the side pyversion says)
+    slots = nulls + [len(below) + null_slot_of_method_load()] if detail[0] == "step" and inst.is_method_load \
+        else nulls
+    return [resume_mod.make_resume_code(code, off, depth, [n for n in resume_mod.live_locals(code, off) if n in live],
+                                        null_stack_indices=slots, inside_handlers=bool(blocks),
+                                        name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}")
+            for off, depth in resume_offsets]
+
+
+def _codegen_break(cg: CodeGen, plan, resumes: list, frame, fn, code) -> None:
     _, _needed, detail, below, live, cells, resume_offsets, inst = plan
     kind = detail[0]
     # values first (store_outputs), then side effects, then the break itself
@@ -787,17 +805,6 @@ def _codegen_break(cg: CodeGen, plan, frame, fn, code) -> None:
         cond_expr = cg.expr(detail[1])
     cg.side_effects()
     blocks = _state_blocks(inst, frame) if inst.exn_tab_entry is not None else []
-    nulls = [i for i, v in enumerate(below) if isinstance(v, NullVariable)]
-    resumes = []
-    for off, depth in resume_offsets:
-        live_names = [n for n in resume_mod.live_locals(code, off) if n in live]
-        # a method load leaves the attribute and a NULL (on the side pyversion says)
-        slots = nulls + [len(below) + null_slot_of_method_load()] if kind == "step" and inst.is_method_load \
-            else nulls
-        r = resume_mod.make_resume_code(code, off, depth, live_names, null_stack_indices=slots,
-                                        name=f"engine_resume_in_{_original_name(code.co_name)}_at_{_lineno_at(frame, off)}",
-                                        inside_handlers=bool(blocks))
-        resumes.append(r)
     # The break runs under the grad mode and autocast state the frame has there, whatever the
     # graph left (a graph leaves the autocast state as it found it: OutputGraph.end_autocast).
     # Inside grad-mode or autocast with blocks, an exception from the break leaves them all;
