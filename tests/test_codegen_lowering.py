@@ -212,6 +212,20 @@ def test_mean_of_a_0d_tensor_over_its_only_dim(dim):
     check(lambda x: torch.mean(x, dim=dim, keepdim=True) + x.mean(dim), torch.tensor(-8.5))
 
 
+def test_a_buffer_returned_with_its_only_element_as_a_0d_view():
+    # `w2, w2[0]`: the element is returned as a view of the buffer with no sizes (found by
+    # the fuzzer: the wrapper wrote `buf.view()`, which torch refuses)
+    def f(w, y):
+        w2 = w * 0.9 + y.mean()
+        return w2, w2[0], y * w2
+
+    w, y = torch.randn(1), torch.randn(2, 3)
+    got = engine.compile(f, backend="inductor")(w, y)
+    for a, b in zip(got, f(w, y)):
+        torch.testing.assert_close(a, b)
+    assert got[1].shape == () and got[1]._base is got[0]        # a view, as eager's is
+
+
 @pytest.mark.parametrize("read", ["gather", "index", "index_select", "embedding"])
 def test_data_dependent_reads_of_a_computed_value_name_one_buffer(read):
     """A gathered value that is not in memory yet (a cross-entropy's log-softmax) is

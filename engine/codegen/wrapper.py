@@ -256,7 +256,7 @@ def _view_expr(buf: str, base, layout) -> str | None:
     if not base.is_contiguous():
         return None
     if strides == tuple(contiguous_strides(sizes)) and numel(sizes) == numel(base.sizes):
-        return f"{buf}.view({', '.join(str(int(s)) for s in sizes)})"
+        return f"{buf}.view({', '.join(str(int(s)) for s in sizes) or '()'})"     # () for a 0-d view
     if len(sizes) == len(base.sizes) and len(set(base.strides)) == len(base.strides):
         order = [list(base.strides).index(st) if st in base.strides else None for st in strides]
         if None not in order and sorted(order) == list(range(len(order))) \
