@@ -500,7 +500,8 @@ def main(argv=None):
         for impl in impls[1:] if impls[0] == "eager" else impls:
             g = geomean([r.get("speedup") for r in rows if r["mode"] == mode and r["impl"] == impl])
             summary[f"{mode}/{impl}"] = g
-            print(f"  {mode:5} {impl:9} {g:.3f}")
+            if not math.isnan(g):      # (no rows of this mode, or no eager row to divide by)
+                print(f"  {mode:5} {impl:9} {g:.3f}")
     for mode in ("infer", "train"):
         for ours, theirs in (("ours", "torch"), ("ours-ro", "torch-ro"), ("ours-step", "torch"),
                              ("ours-step-ro", "torch-ro")):
