@@ -53,7 +53,8 @@ def test_layer_norm_is_one_kernel_with_three_phases_per_row():
 
 
 def test_softmax_row_reductions_fuse_with_their_epilogue():
-    c = check(lambda x: torch.softmax(x, -1), X)
+    with Capture(logs=["ir_post_fusion"]):          # a reader: the IR dumps are made
+        c = check(lambda x: torch.softmax(x, -1), X)
     assert c.n_kernels == 1
     post = c.artifacts["ir_post_fusion.txt"]
     assert "(reduction)" in post and post.count("phase") >= 3
@@ -201,12 +202,18 @@ def test_output_code_is_a_runnable_module_and_stages_are_timed():
 
 
 def test_debug_files_for_torch_compile_debug():
+    """The FX graph and IR dumps are made when something reads them (here TORCH_LOGS=
+    ir_post_fusion; a trace or the debug folder too), and emitted; with no reader, the
+    compiler does not write them (zero cost when off): the output code alone."""
     from engine.codegen import debug_files
-    c = compile_graph(lambda x: torch.relu(x) + 1, X)
+    with Capture(logs=["ir_pre_fusion", "ir_post_fusion"]) as cap:
+        c = compile_graph(lambda x: torch.relu(x) + 1, X)
     files = debug_files(c)
     assert set(files) == {"fx_graph_transformed.py", "ir_pre_fusion.txt", "ir_post_fusion.txt", "output_code.py"}
     assert "Pointwise(ranges=[8, 32])" in files["ir_pre_fusion.txt"]
     assert "kernel0" in files["ir_post_fusion.txt"]
+    assert cap.texts(log="ir_post_fusion") == [files["ir_post_fusion.txt"]]
+    assert set(debug_files(compile_graph(lambda x: torch.relu(x) + 2, X))) == {"output_code.py"}
 
 
 def test_attention_kernels_with_different_loop_nests_keep_their_own_index_math():

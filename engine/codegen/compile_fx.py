@@ -150,7 +150,8 @@ def output_buffers(g) -> set:
 
 def lower_and_schedule(gm, example_inputs):
     """Lowering and scheduling, shared by the C++ and Triton emitters: returns the graph's
-    cache key, its lowering, its schedule and the pre-fusion IR text."""
+    cache key, its lowering, its schedule and the pre-fusion IR text (None when nothing
+    reads it: _debug_texts_wanted)."""
     from engine import config
     # rewrites before the key: the rewritten graph is what gets compiled
     if pad_matmuls(gm):
@@ -162,7 +163,7 @@ def lower_and_schedule(gm, example_inputs):
     key = graph_key(gm, example_inputs)
     with observe.stage("lowering"):
         g = GraphLowering(gm, example_inputs).run()
-    ir_pre = "\n\n".join(format_node(n) for n in g.nodes)
+    ir_pre = "\n\n".join(format_node(n) for n in g.nodes) if _debug_texts_wanted() else None
     for op in g.fallback_ops:
         _hint("%s has no lowering: it runs as an extern kernel (aten call), not fused", op)
 
@@ -245,19 +246,30 @@ def _compile(gm, example_inputs, out_spec) -> CompiledGraph:
         if not kernel_sigs:
             cache_explain.report("bypass", key, None, [], ["no generated kernels: every op runs as an aten call"])
     module = load_wrapper(wrapper_src, key, g)      # compiles (or loads from the cache) the kernels
-    ir_post = _post_fusion_text(sched)
-    artifacts = {
-        "fx_graph_transformed.py": gm.print_readable(print_output=False),
-        "ir_pre_fusion.txt": ir_pre + "\n",
-        "ir_post_fusion.txt": ir_post,
-        "output_code.py": wrapper_src,
-    }
-    for fname, log in (("fx_graph_transformed.py", None), ("ir_pre_fusion.txt", "ir_pre_fusion"),
-                       ("ir_post_fusion.txt", "ir_post_fusion")):
-        # for TORCH_COMPILE_DEBUG's per-graph folder (and TORCH_LOGS=ir_pre_fusion,ir_post_fusion)
-        observe.emit("artifact", {"name": fname.rsplit(".", 1)[0], "filename": fname, "encoding": "string"},
-                     (lambda t=artifacts[fname]: t), log=log)
+    artifacts = debug_artifacts(gm, sched, ir_pre, {"output_code.py": wrapper_src})
     return finish(gm, g, sched, module, out_spec, wrapper_src, len(kernel_sigs), artifacts)
+
+
+def _debug_texts_wanted() -> bool:
+    """Whether anything reads the FX graph and IR dumps: a trace (TORCH_TRACE), the debug
+    folder (TORCH_COMPILE_DEBUG), TORCH_LOGS=ir_pre_fusion,ir_post_fusion. Writing them costs
+    ~1-2 s on a large graph (a 16-layer Llama training step), so with no reader they are not made."""
+    return observe.enabled("artifact", "ir_pre_fusion") or observe.enabled("artifact", "ir_post_fusion")
+
+
+def debug_artifacts(gm, sched, ir_pre: str | None, texts: dict) -> dict:
+    """The TORCH_COMPILE_DEBUG files of a graph (`debug_files`): `texts` (the output code and
+    the emitter's own), and, when something reads them (ir_pre is then made), the FX graph and
+    the IR before and after fusion, each also emitted as an artifact event."""
+    if ir_pre is None:
+        return dict(texts)
+    dumps = {"fx_graph_transformed.py": (gm.print_readable(print_output=False), None),
+             "ir_pre_fusion.txt": (ir_pre + "\n", "ir_pre_fusion"),
+             "ir_post_fusion.txt": (_post_fusion_text(sched), "ir_post_fusion")}
+    for fname, (text, log) in dumps.items():
+        observe.emit("artifact", {"name": fname.rsplit(".", 1)[0], "filename": fname, "encoding": "string"},
+                     (lambda t=text: t), log=log)
+    return {**{f: t for f, (t, _log) in dumps.items()}, **texts}
 
 
 def _kernel_hints(fk: FusedKernel, g: GraphLowering):

@@ -67,9 +67,9 @@ def _check_devices(fk: FusedKernel, layouts: dict, interpret: bool):
             raise Unsupported(f"{fk.name} mixes devices: {n} is on {layouts[n].device}")
 
 
-def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
+def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str | None):
     """Render, load and wrap; returns compile_fx's CompiledGraph."""
-    from ..compile_fx import _hint, _kernel_hints, _post_fusion_text, finish, load_wrapper, output_buffers
+    from ..compile_fx import _hint, _kernel_hints, debug_artifacts, finish, load_wrapper, output_buffers
 
     interpret = not any(lay.device.type == "cuda" for lay in g.buffer_layouts.values())
     autotune = getattr(config, "triton_autotune", False) or getattr(config, "max_autotune", False)
@@ -98,13 +98,7 @@ def compile_triton(gm, g, sched, out_spec, key: str, ir_pre: str):
         native_launch.when_ready(module)
     if hasattr(module, "_precompile") and not g.sym_bindings:
         _precompile_early(module, g.example_inputs)
-    artifacts = {
-        "fx_graph_transformed.py": gm.print_readable(print_output=False),
-        "ir_pre_fusion.txt": ir_pre + "\n",
-        "ir_post_fusion.txt": _post_fusion_text(sched),
-        "output_code.py": wrapper_src,
-        "triton_kernels.py": kernel_src,
-    }
+    artifacts = debug_artifacts(gm, sched, ir_pre, {"output_code.py": wrapper_src, "triton_kernels.py": kernel_src})
     compiled = finish(gm, g, sched, module, out_spec, wrapper_src, len(kernels), artifacts)
     compiled.triton_kernels = kernels
     compiled.module = module    # kept while the graph is: native_launch switches its allocators when built
