@@ -513,7 +513,7 @@ def main(argv=None):
             if pairs:
                 g = geomean([a / b for a, b in pairs])
                 summary[f"{mode}/{ours} over {theirs}"] = g
-                print(f"  {mode:5} {ours} / {theirs}: {g:.3f} ({len(pairs)} models)")
+                print(f"  {mode:5} {ours} / {theirs}: {g:.3f} (models: {len(pairs)})")
     path = args.json or (os.path.join(os.environ["OUT"], "zoo_gpu.json") if os.environ.get("OUT") else None)
     if path:
         with open(path, "w") as f:
