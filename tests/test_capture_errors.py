@@ -110,11 +110,19 @@ def test_a_function_the_engine_will_not_compile_says_so_and_explain_lists_it():
     assert e.not_compiled and "torch internals" in e.not_compiled[0]
 
 
+def _said_to_run_eagerly(f):
+    """Run f compiled (eager's result) under TORCH_LOGS=graph_breaks, then explain it: the
+    "runs eagerly" log lines, every line shown, and explain's output."""
+    from engine_helpers import logs
+    with logs("graph_breaks") as shown:
+        torch.testing.assert_close(engine.compile(f)(torch.ones(3)), f(torch.ones(3)))
+    return [s for s in shown if "runs eagerly" in s], shown, engine.explain(f)(torch.ones(3))
+
+
 def test_a_frame_that_cannot_be_split_at_its_break_says_why_it_runs_eagerly():
     """A break inside a `try` block: the frame cannot be split there and runs eagerly (as
     under torch.compile). The break's own reason is not the whole story: the log, explain's
     "Not Compiled" and the report say that the frame ran eagerly and why."""
-    from engine_helpers import logs
 
     def f(x):
         y = x * 2
@@ -125,11 +133,8 @@ def test_a_frame_that_cannot_be_split_at_its_break_says_why_it_runs_eagerly():
             pass
         return y.sin()
 
-    with logs("graph_breaks") as shown:
-        torch.testing.assert_close(engine.compile(f)(torch.ones(3)), f(torch.ones(3)))
-    eager = [s for s in shown if "runs eagerly" in s]
+    eager, shown, e = _said_to_run_eagerly(f)
     assert len(eager) == 1 and "inside a `try` block" in eager[0] and "[GB0013]" in eager[0], shown
-    e = engine.explain(f)(torch.ones(3))
     assert e.graph_count == 0 and len(e.not_compiled) == 1 and "`try` block" in e.not_compiled[0]
     assert len(e.break_reasons) == 1
 
@@ -139,7 +144,6 @@ def test_a_frame_whose_resume_function_cannot_be_built_says_it_runs_eagerly(monk
     builder refuses: a frame shape the checks before it did not foresee), the frame runs
     eagerly, and the log and explain say so, not only the break's own reason."""
     from engine.capture import resume
-    from engine_helpers import logs
 
     def refuse(code, offset, *args, **kwargs):
         raise resume.ResumeUnsupported(f"{code.co_name} offset {offset} is between KW_NAMES and its call")
@@ -151,11 +155,8 @@ def test_a_frame_whose_resume_function_cannot_be_built_says_it_runs_eagerly(monk
         print("between", file=io.StringIO())
         return y.sin()
 
-    with logs("graph_breaks") as shown:
-        torch.testing.assert_close(engine.compile(f)(torch.ones(3)), f(torch.ones(3)))
-    eager = [s for s in shown if "runs eagerly" in s]
+    eager, shown, e = _said_to_run_eagerly(f)
     assert len(eager) == 1 and "KW_NAMES" in eager[0] and "whole frame runs eagerly" in eager[0], shown
-    e = engine.explain(f)(torch.ones(3))
     assert e.graph_count == 0 and len(e.not_compiled) == 1 and "KW_NAMES" in e.not_compiled[0]
 
 
