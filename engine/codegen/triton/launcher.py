@@ -421,8 +421,9 @@ class Launcher:
             # them Triton's JIT compiles each in turn as it is timed)
             if workers is None:
                 return []
-            chosen = self._chosen(s, looped_candidates(s))      # by an earlier run, on disk
-            configs = [chosen] if chosen is not None else looped_candidates(s)
+            configs = looped_candidates(s)
+            chosen = self._chosen(s, configs)      # by an earlier run, on disk
+            configs = [chosen] if chosen is not None else configs
             return [f for cfg in configs for f in self._compile_in(workers, cfg, args, xnumel, early=True)]
         return self._compile_in(workers, self.config_for(args, xnumel, rnumel), args, xnumel, early)
 
